@@ -1,0 +1,1 @@
+"""Ground floor: everything that touches the outside world (PostgreSQL, Delta, files, HTTP)."""

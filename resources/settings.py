@@ -1,0 +1,159 @@
+"""Settings (contract section 1) and the region list (contract section 2), read in one place.
+
+Every path and switch stormlake uses comes from :func:`load_settings`; nothing else reads the
+environment for them. Values are resolved once per process.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resources.errors import ConfigError
+
+DEFAULT_REGIONS_FILE = Path(__file__).with_name("regions.csv")
+DEFAULT_FIRST_DAY = "2026-09-01"
+REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of the partition dimension: an id and a lat/lon bounding box."""
+
+    region_id: str
+    name: str
+    min_lat: float
+    max_lat: float
+    min_lon: float
+    max_lon: float
+
+    def contains(self, lat: float, lon: float) -> bool:
+        return self.min_lat <= lat <= self.max_lat and self.min_lon <= lon <= self.max_lon
+
+    def fingerprint(self) -> str:
+        """The region's definition as text, hashed into the input hash of ingest."""
+        return f"{self.region_id}|{self.min_lat!r}|{self.max_lat!r}|{self.min_lon!r}|{self.max_lon!r}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of contract section 1."""
+
+    home: Path
+    landing: Path
+    lake: str
+    publish_dir: Path
+    webhook_url: str | None
+    pg_dsn: str | None
+    regions_file: Path
+    first_day: str
+    dagster_home: Path
+    faults: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pgdata(self) -> Path:
+        return self.home / "pg"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def load_settings(environ: dict[str, str] | None = None) -> Settings:
+    """Read the settings from the environment (or ``environ``), applying the contract defaults."""
+    env = dict(os.environ if environ is None else environ)
+
+    def get(name: str) -> str | None:
+        value = env.get(name)
+        return value if value not in (None, "") else None
+
+    home = Path(get("STORMLAKE_HOME") or "./.stormlake").expanduser().absolute()
+    first_day = get("STORMLAKE_FIRST_DAY") or DEFAULT_FIRST_DAY
+    try:
+        dt.date.fromisoformat(first_day)
+    except ValueError as exc:
+        raise ConfigError(
+            f"STORMLAKE_FIRST_DAY={first_day!r} is not a date; use YYYY-MM-DD"
+        ) from exc
+    lake = get("STORMLAKE_LAKE") or str(home / "lake")
+    if "://" not in lake:
+        lake = str(Path(lake).expanduser().absolute())
+    return Settings(
+        home=home,
+        landing=Path(get("STORMLAKE_LANDING") or home / "landing").expanduser().absolute(),
+        lake=lake,
+        publish_dir=Path(get("STORMLAKE_PUBLISH_DIR") or home / "published").expanduser().absolute(),
+        webhook_url=get("STORMLAKE_WEBHOOK_URL"),
+        pg_dsn=get("STORMLAKE_PG_DSN"),
+        regions_file=Path(get("STORMLAKE_REGIONS") or DEFAULT_REGIONS_FILE).expanduser().absolute(),
+        first_day=first_day,
+        dagster_home=Path(get("DAGSTER_HOME") or home / "dagster").expanduser().absolute(),
+        faults=get("STORMLAKE_FAULTS") or "",
+    )
+
+
+def load_regions(path: Path | str) -> list[Region]:
+    """Load and validate the region list (CSV, or YAML with a list of mappings).
+
+    Raises:
+        ConfigError: the file is missing or a row breaks a rule; the message names the file,
+            the line and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: region file not found (set STORMLAKE_REGIONS)")
+    rows: list[tuple[int, dict[str, str]]]
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not a readable YAML region list ({exc.__class__.__name__})") from exc
+        if isinstance(data, dict) and "regions" in data:
+            data = data["regions"]
+        if not isinstance(data, list):
+            raise ConfigError(f"{path}: expected a list of regions")
+        rows = [(i + 1, {k: str(v) for k, v in (item or {}).items()}) for i, item in enumerate(data)]
+    else:
+        try:
+            with path.open(newline="", encoding="utf-8") as fh:
+                reader = csv.DictReader(fh)
+                missing = [f for f in REGION_FIELDS if f not in (reader.fieldnames or [])]
+                if missing:
+                    raise ConfigError(f"{path}:1: missing column(s) {', '.join(missing)}")
+                rows = [(i + 2, row) for i, row in enumerate(reader)]
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8") from exc
+    regions: list[Region] = []
+    seen: set[str] = set()
+    for line, row in rows:
+        rid = (row.get("region_id") or "").strip()
+        if not REGION_ID_RE.match(rid):
+            raise ConfigError(
+                f"{path}:{line} field 'region_id': {rid!r} must match ^[a-z][a-z0-9_]{{0,31}}$"
+            )
+        if rid in seen:
+            raise ConfigError(f"{path}:{line} field 'region_id': duplicate region {rid!r}")
+        seen.add(rid)
+        bounds: dict[str, float] = {}
+        for name in REGION_FIELDS[2:]:
+            try:
+                bounds[name] = float(row.get(name, ""))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{path}:{line} field {name!r}: {row.get(name)!r} is not a number") from None
+        if not (-90 <= bounds["min_lat"] < bounds["max_lat"] <= 90):
+            raise ConfigError(f"{path}:{line} field 'min_lat': need -90 <= min_lat < max_lat <= 90")
+        if not (-180 <= bounds["min_lon"] < bounds["max_lon"] <= 180):
+            raise ConfigError(f"{path}:{line} field 'min_lon': need -180 <= min_lon < max_lon <= 180")
+        regions.append(Region(region_id=rid, name=(row.get("name") or rid).strip(), **bounds))
+    if not regions:
+        raise ConfigError(f"{path}: the region list is empty")
+    return regions
