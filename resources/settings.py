@@ -10,7 +10,7 @@ import csv
 import datetime as dt
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from resources.errors import ConfigError
@@ -53,17 +53,13 @@ class Settings:
     regions_file: Path
     first_day: str
     dagster_home: Path
-    faults: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+    webhook_timeout_s: float = 10.0
+    webhook_tries: int = 5
+    webhook_backoff_s: float = 0.5
 
     @property
     def pgdata(self) -> Path:
         return self.home / "pg"
-
-
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
@@ -95,8 +91,23 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         regions_file=Path(get("STORMLAKE_REGIONS") or DEFAULT_REGIONS_FILE).expanduser().absolute(),
         first_day=first_day,
         dagster_home=Path(get("DAGSTER_HOME") or home / "dagster").expanduser().absolute(),
-        faults=get("STORMLAKE_FAULTS") or "",
+        webhook_timeout_s=_number(get, "STORMLAKE_WEBHOOK_TIMEOUT", 10.0),
+        webhook_tries=int(_number(get, "STORMLAKE_WEBHOOK_TRIES", 5)),
+        webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
     )
+
+
+def _number(get, name: str, default: float) -> float:  # type: ignore[no-untyped-def]
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must not be negative")
+    return value
 
 
 def load_regions(path: Path | str) -> list[Region]:

@@ -1,0 +1,82 @@
+"""Phase 3, correlate: outages against the storm per cell and hour, damage clusters, risk."""
+
+
+from collections.abc import Iterator
+
+import dagster as dg
+import pyarrow as pa
+from dagster import AssetExecutionContext
+
+from assets.enrich import enriched_outages
+from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
+from assets.partitions import PARTITIONS
+from assets.phases import CORRELATE
+from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
+from assets.transforms.correlate import correlate_storm
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
+
+
+def compute(io: PhaseIO) -> PhaseOutput:
+    part = io.partition
+    enriched = io.read("outages_enriched")
+    weather = io.read("weather_raw")
+    customers = io.read("customers_ref")
+    terrain = io.read("terrain_ref")
+    io.midpoint()
+    cell_hour, cell_risk, clusters = correlate_storm(enriched, weather, customers, terrain,
+                                                     region=part.region, day=part.day)
+    tables = {
+        "cell_hour_stats": pa.Table.from_pandas(cell_hour, schema=CELL_HOUR_STATS, preserve_index=False),
+        "cell_risk": pa.Table.from_pandas(cell_risk, schema=CELL_RISK, preserve_index=False),
+        "storm_clusters": pa.Table.from_pandas(clusters, schema=STORM_CLUSTERS, preserve_index=False),
+    }
+    return PhaseOutput(
+        tables=tables,
+        figures={
+            "outages": int(len(enriched)),
+            "cell_hours": tables["cell_hour_stats"].num_rows,
+            "cells": tables["cell_risk"].num_rows,
+            "clusters": tables["storm_clusters"].num_rows,
+            "clustered_outages": int(clusters["outages"].sum()) if len(clusters) else 0,
+            "max_risk": float(cell_risk["risk"].max()) if len(cell_risk) else 0.0,
+            "cell_hour_outages": int(cell_hour["outages"].sum()) if len(cell_hour) else 0,
+        },
+    )
+
+
+def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+    f = out.figures
+    yield Check("cell_hours_cover_outages", f["cell_hour_outages"] == f["outages"],
+                f"{f['cell_hour_outages']} outages in cell-hours, {f['outages']} enriched")
+    risk = out.tables["cell_risk"].column("risk").to_numpy(zero_copy_only=False)
+    yield Check("risk_range", bool(len(risk) == 0 or (risk.min() >= 0 and risk.max() <= 1)), "risk in [0, 1]")
+    clusters = out.tables["storm_clusters"].to_pydict()
+    risk_cells = set(out.tables["cell_risk"].column("cell_id").to_pylist())
+    members = [c for cells in clusters["cell_ids"] for c in cells]
+    yield Check("clusters_disjoint", len(members) == len(set(members)), "no cell in two clusters")
+    yield Check("cluster_cells_known", set(members) <= risk_cells, "every cluster cell has a risk row")
+
+
+@dg.asset(
+    name=CORRELATE.asset,
+    partitions_def=PARTITIONS,
+    deps=[enriched_outages],
+    code_version=f"{CORRELATE.code_version}.s{CORRELATE.schema_version}",
+    group_name="storm",
+    kinds={"deltalake", "postgres"},
+    tags={"stormlake/phase": CORRELATE.name},
+    metadata={"tables": list(CORRELATE.tables), "tier": CORRELATE.tier},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    retry_policy=TRANSIENT_RETRY,
+    check_specs=[grader_spec(CORRELATE)],
+    pool="stormlake_correlate",
+)
+def storm_correlation(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+                      landing: LandingResource, publisher: PublisherResource):
+    """Outages against gust and rain per cell-hour, a risk figure per cell, and damage clusters."""
+    yield from materialize_phase(context, CORRELATE, compute, grade, ledger=ledger, lake=lake, landing=landing,
+                                 publisher=publisher)

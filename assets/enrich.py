@@ -1,0 +1,70 @@
+"""Phase 2, enrich: outages joined with customers, terrain and weather on the H3 grid."""
+
+
+from collections.abc import Iterator
+
+import dagster as dg
+import pyarrow as pa
+from dagster import AssetExecutionContext
+
+from assets.ingest import ingested_batch
+from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
+from assets.partitions import PARTITIONS
+from assets.phases import ENRICH
+from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.schemas import OUTAGES_ENRICHED
+from assets.transforms.enrich import enrich_outages
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
+
+
+def compute(io: PhaseIO) -> PhaseOutput:
+    part = io.partition
+    outages = io.read("outages_raw")
+    weather = io.read("weather_raw")
+    customers = io.read("customers_ref")
+    terrain = io.read("terrain_ref")
+    io.midpoint()
+    enriched = enrich_outages(outages, weather, customers, terrain, region=part.region, day=part.day)
+    table = pa.Table.from_pandas(enriched, schema=OUTAGES_ENRICHED, preserve_index=False)
+    return PhaseOutput(
+        tables={"outages_enriched": table},
+        figures={
+            "outages": table.num_rows,
+            "input_outages": len(outages),
+            "cells": int(enriched["cell_id"].nunique()) if len(enriched) else 0,
+            "customers_out": int(enriched["customers_out"].sum()) if len(enriched) else 0,
+        },
+    )
+
+
+def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+    f = out.figures
+    yield Check("one_row_per_outage", f["outages"] == f["input_outages"],
+                f"{f['outages']} enriched rows for {f['input_outages']} ingested outages")
+    t = out.tables["outages_enriched"]
+    hours = t.column("hour").to_numpy(zero_copy_only=False) if t.num_rows else []
+    yield Check("hour_range", bool(len(hours) == 0 or (hours.min() >= 0 and hours.max() <= 23)), "hour in 0..23")
+
+
+@dg.asset(
+    name=ENRICH.asset,
+    partitions_def=PARTITIONS,
+    deps=[ingested_batch],
+    code_version=f"{ENRICH.code_version}.s{ENRICH.schema_version}",
+    group_name="storm",
+    kinds={"deltalake", "postgres"},
+    tags={"stormlake/phase": ENRICH.name},
+    metadata={"tables": list(ENRICH.tables), "tier": ENRICH.tier},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    retry_policy=TRANSIENT_RETRY,
+    check_specs=[grader_spec(ENRICH)],
+    pool="stormlake_enrich",
+)
+def enriched_outages(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+                     landing: LandingResource, publisher: PublisherResource):
+    """Outages on the H3 resolution-7 grid with the cell's customers, feeder, terrain and weather."""
+    yield from materialize_phase(context, ENRICH, compute, grade, ledger=ledger, lake=lake, landing=landing,
+                                 publisher=publisher)

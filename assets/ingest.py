@@ -1,0 +1,72 @@
+"""Phase 1, ingest: landing files → validated Delta tables, bad rows quarantined."""
+
+
+from collections.abc import Iterator
+from dataclasses import asdict
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
+from assets.partitions import PARTITIONS
+from assets.phases import INGEST
+from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.transforms.ingest import ingest_partition
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
+
+
+def compute(io: PhaseIO) -> PhaseOutput:
+    part = io.partition
+    result = ingest_partition(io.landing.root, part.region, part.day, known_regions=io.known_regions)
+    io.midpoint()
+    files = [asdict(f) for f in result.files]
+    return PhaseOutput(
+        tables={
+            "outages_raw": result.outages,
+            "weather_raw": result.weather,
+            "customers_ref": result.customers,
+            "terrain_ref": result.terrain,
+            "quarantine": result.quarantine,
+        },
+        figures={
+            "files": files,
+            "outages": result.outages.num_rows,
+            "weather": result.weather.num_rows,
+            "quarantined": result.quarantine.num_rows,
+        },
+    )
+
+
+def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+    files = out.figures["files"]
+    for f in files:
+        conserved = f["rows_read"] == f["rows_accepted"] + f["rows_quarantined"] + f["rows_other_regions"]
+        yield Check(f"conserved:{f['source_file']}", conserved,
+                    f"read {f['rows_read']} = accepted {f['rows_accepted']} + quarantined {f['rows_quarantined']}"
+                    f" + other regions {f['rows_other_regions']}")
+    q = sum(f["rows_quarantined"] for f in files)
+    yield Check("quarantine_rows", q == out.tables["quarantine"].num_rows,
+                f"{q} quarantined in file reports, {out.tables['quarantine'].num_rows} rows in quarantine")
+
+
+@dg.asset(
+    name=INGEST.asset,
+    partitions_def=PARTITIONS,
+    code_version=f"{INGEST.code_version}.s{INGEST.schema_version}",
+    group_name="storm",
+    kinds={"deltalake", "postgres"},
+    tags={"stormlake/phase": INGEST.name},
+    metadata={"tables": list(INGEST.tables), "tier": INGEST.tier},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    retry_policy=TRANSIENT_RETRY,
+    check_specs=[grader_spec(INGEST)],
+    pool="stormlake_ingest",
+)
+def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+                   landing: LandingResource, publisher: PublisherResource):
+    """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""
+    yield from materialize_phase(context, INGEST, compute, grade, ledger=ledger, lake=lake, landing=landing,
+                                 publisher=publisher)

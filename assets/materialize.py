@@ -1,0 +1,117 @@
+"""The Dagster side of a phase: builds the runner from resources, yields the results.
+
+Every phase asset body is one call to :func:`materialize_phase`. Errors a retry can fix
+(ledger unreachable, webhook 5xx exhausted, lease timeout) propagate so that the asset's
+retry policy applies; a user's bad input or a failed grader becomes ``dg.Failure`` with
+``allow_retries=False`` and a one-line description.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+
+from assets.partitions import split_key
+from assets.phases import Phase
+from assets.runner import Check, Compute, Grader, Outcome, PartitionRef, PhaseRunner
+from assets.schemas import PARTITION_COLUMNS, TABLES
+from resources.errors import StormlakeError
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
+
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+
+
+def grader_spec(phase: Phase) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        "grader",
+        asset=phase.asset,
+        blocking=True,
+        description=f"Schema and invariants of what {phase.name} hands on; the checkpoint commits only if it passes.",
+    )
+
+
+def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerResource, lake: LakeResource,
+                 landing: LandingResource, publisher: PublisherResource) -> PhaseRunner:
+    schemas = {name: schema for name, (_, schema) in TABLES.items()}
+    log = context.log.info if context is not None else None
+    return PhaseRunner(
+        ledger=ledger.get(),
+        lake=lake.get(schemas, partition_by=PARTITION_COLUMNS),
+        landing=landing.get(),
+        targets=publisher.targets(),
+        regions=landing.regions(),
+        run_id=context.run.run_id if context is not None else None,
+        log=log,
+    )
+
+
+def outcome_metadata(outcome: Outcome) -> dict[str, Any]:
+    cp = outcome.checkpoint
+    summary = cp.summary or {}
+    figures = summary.get("figures", {})
+    meta: dict[str, Any] = {
+        "status": outcome.status,
+        "skipped": outcome.status == "SKIPPED",
+        "tier": cp.tier,
+        "tier_label": cp.tier_label,
+        "seq": cp.seq,
+        "attempt": cp.attempt,
+        "input_hash": cp.input_hash,
+        "state_hash": cp.state_hash or "",
+        "delta_versions": dg.MetadataValue.json(summary.get("delta_versions", {})),
+        "row_counts": dg.MetadataValue.json(summary.get("rows", {})),
+        "delivered": dg.MetadataValue.json(list(outcome.delivered)),
+    }
+    if "quarantined" in figures:
+        meta["quarantined_rows"] = int(figures["quarantined"])
+    return meta
+
+
+def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None, *,
+                      ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
+                      publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    keys = context.partition_keys
+    try:
+        runner = build_runner(context, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
+        regions = runner.regions
+        outcomes: list[Outcome] = []
+        for key in keys:
+            day, region_id = split_key(key)
+            part = PartitionRef.parse(f"{day}|{region_id}", regions)
+            outcomes.append(runner.run(phase, part, compute, grader))
+    except StormlakeError as exc:
+        partition = keys[0] if len(keys) == 1 else f"{len(keys)} partitions"
+        message = f"{phase.name} of {partition} failed: {exc}"
+        if exc.transient:
+            raise
+        if exc.__class__.__name__ == "GraderError":
+            yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=phase.asset,
+                                      severity=dg.AssetCheckSeverity.ERROR, description=str(exc))
+        raise dg.Failure(description=message, allow_retries=False,
+                         metadata={"error_class": exc.__class__.__name__}) from exc
+
+    if len(outcomes) == 1:
+        outcome = outcomes[0]
+        yield dg.MaterializeResult(metadata=outcome_metadata(outcome),
+                                   data_version=dg.DataVersion(outcome.state_hash))
+    else:
+        yield dg.MaterializeResult(metadata={
+            "partitions": len(outcomes),
+            "completed": sum(o.status == "COMPLETED" for o in outcomes),
+            "skipped": sum(o.status == "SKIPPED" for o in outcomes),
+        })
+    checks: list[Check] = [c for o in outcomes for c in o.checks]
+    yield dg.AssetCheckResult(
+        check_name="grader",
+        asset_key=phase.asset,
+        passed=all(c.passed for c in checks),
+        metadata={
+            "checks": dg.MetadataValue.json({c.name: {"passed": c.passed, "detail": c.detail} for c in checks}),
+            "from_checkpoint": all(o.status == "SKIPPED" for o in outcomes),
+        },
+    )

@@ -1,0 +1,37 @@
+"""The four phases: their order, tiers, schema versions and the tables each writes.
+
+``SCHEMA_VERSION`` is the shape of what a phase writes; bump it whenever a table of that phase
+changes columns or meaning. ``CODE_VERSION`` is the phase's logic; bump it when the same inputs
+would give different output. Both enter the phase's input hash, so a checkpoint of another
+version is never reused: that phase and the phases after it recompute, earlier ones are reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # ingest | enrich | correlate | present
+    asset: str  # the Dagster asset key
+    tier: int
+    tier_label: str
+    schema_version: int
+    code_version: str
+    reads: tuple[str, ...]  # earlier phases whose tables (at pinned versions) this phase reads
+    tables: tuple[str, ...]  # tables this phase writes
+
+
+INGEST = Phase("ingest", "ingested_batch", 1, "ingested", 1, "1",
+               (), ("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"))
+ENRICH = Phase("enrich", "enriched_outages", 2, "enriched", 1, "1", ("ingest",), ("outages_enriched",))
+CORRELATE = Phase("correlate", "storm_correlation", 3, "correlated", 1, "1",
+                  ("ingest", "enrich"), ("cell_hour_stats", "cell_risk", "storm_clusters"))
+PRESENT = Phase("present", "operational_picture", 4, "published", 1, "1",
+                ("ingest", "enrich", "correlate"), ("region_day_summary",))
+
+PHASES: tuple[Phase, ...] = (INGEST, ENRICH, CORRELATE, PRESENT)
+BY_NAME = {p.name: p for p in PHASES}
+TIER_LABELS = {0: "not_started", **{p.tier: p.tier_label for p in PHASES}}
+TABLE_OWNER = {t: p.name for p in PHASES for t in p.tables}

@@ -1,0 +1,90 @@
+"""Phase 4, present: the operational picture (summary, GeoJSON, report) delivered to consumers."""
+
+
+import json
+from collections.abc import Iterator
+
+import dagster as dg
+import pyarrow as pa
+from dagster import AssetExecutionContext
+
+from assets.correlate import storm_correlation
+from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
+from assets.partitions import PARTITIONS
+from assets.phases import PRESENT
+from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.schemas import REGION_DAY_SUMMARY
+from assets.transforms.present import render_artifacts, summarize
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import Artifact, PublisherResource
+
+
+def compute(io: PhaseIO) -> PhaseOutput:
+    part = io.partition
+    enriched = io.read("outages_enriched")
+    cell_hour = io.read("cell_hour_stats")
+    cell_risk = io.read("cell_risk")
+    clusters = io.read("storm_clusters")
+    customers = io.read("customers_ref")
+    quarantined = int(io.upstream["ingest"].summary["rows"]["quarantine"])
+    io.midpoint()
+    summary = summarize(region=part.region, day=part.day, enriched=enriched, cell_hour=cell_hour,
+                        cell_risk=cell_risk, clusters=clusters, customers=customers, quarantined_rows=quarantined)
+    rendered = render_artifacts(region=part.region, day=part.day, summary=summary, cell_hour=cell_hour,
+                                cell_risk=cell_risk, clusters=clusters, enriched=enriched)
+    artifacts = [Artifact(part.region.region_id, part.day, kind, rendered[kind]) for kind in sorted(rendered)]
+    row = summary.iloc[0]
+    return PhaseOutput(
+        tables={"region_day_summary": pa.Table.from_pandas(summary, schema=REGION_DAY_SUMMARY, preserve_index=False)},
+        figures={
+            "outages": int(row["outages"]),
+            "expected_outages": int(len(enriched)),
+            "customers_out": int(row["customers_out"]),
+            "clusters": int(row["clusters"]),
+            "expected_clusters": int(len(clusters)),
+            "backlog": int(row["backlog"]),
+            "artifacts": {a.kind: a.artifact_id for a in artifacts},
+        },
+        artifacts=artifacts,
+    )
+
+
+def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+    f = out.figures
+    yield Check("summary_outages", f["outages"] == f["expected_outages"], f"{f['outages']} vs {f['expected_outages']}")
+    yield Check("summary_clusters", f["clusters"] == f["expected_clusters"], f"{f['clusters']} vs {f['expected_clusters']}")
+    by_kind = {a.kind: a for a in out.artifacts}
+    yield Check("artifacts", set(by_kind) == {"summary.json", "clusters.geojson", "report.html"}, ",".join(sorted(by_kind)))
+    try:
+        geo = json.loads(by_kind["clusters.geojson"].data)
+        ok = geo.get("type") == "FeatureCollection" and len(geo.get("features", [])) == f["clusters"]
+        yield Check("geojson", ok, f"{len(geo.get('features', []))} features")
+        json.loads(by_kind["summary.json"].data)
+        yield Check("summary_json", True, "parses")
+    except (KeyError, ValueError) as exc:
+        yield Check("artifacts_parse", False, str(exc))
+    html = by_kind.get("report.html")
+    yield Check("report_picture", html is not None and b"data:image/png;base64," in html.data, "report has a picture")
+
+
+@dg.asset(
+    name=PRESENT.asset,
+    partitions_def=PARTITIONS,
+    deps=[storm_correlation],
+    code_version=f"{PRESENT.code_version}.s{PRESENT.schema_version}",
+    group_name="storm",
+    kinds={"deltalake", "postgres", "html"},
+    tags={"stormlake/phase": PRESENT.name},
+    metadata={"tables": list(PRESENT.tables), "tier": PRESENT.tier},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    retry_policy=TRANSIENT_RETRY,
+    check_specs=[grader_spec(PRESENT)],
+    pool="stormlake_present",
+)
+def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+                        landing: LandingResource, publisher: PublisherResource):
+    """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""
+    yield from materialize_phase(context, PRESENT, compute, grade, ledger=ledger, lake=lake, landing=landing,
+                                 publisher=publisher)

@@ -1,0 +1,353 @@
+"""The one phase runner all four assets use: the phase protocol of docs/DESIGN.md.
+
+1. input hash  2. decide (skip?)  3. lease + claim  4. compute on pinned inputs
+5. grade  6. idempotent Delta writes  7. deliveries with receipts  8. checkpoint commit
+On any error: FAILED with the error, in its own transaction, then re-raise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from assets.phases import BY_NAME, Phase
+from assets.schemas import PARTITION_COLUMNS, TABLES
+from resources import faults
+from resources.errors import GraderError, LedgerUnavailable, StormlakeError
+from resources.lake import Lake
+from resources.landing import Landing
+from resources.ledger import Checkpoint, Claim, Ledger
+from resources.publisher import Artifact, Target
+from resources.settings import Region
+
+Log = Callable[[str], None]
+
+
+class UpstreamNotReady(StormlakeError):
+    """An earlier phase of the partition has no COMPLETED checkpoint yet."""
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    key: str  # Dagster's multi-partition key: 'YYYY-MM-DD|region_id'
+    day: str
+    region: Region
+
+    @classmethod
+    def parse(cls, key: str, regions: dict[str, Region]) -> PartitionRef:
+        from resources.errors import ConfigError
+
+        day, _, region_id = key.partition("|")
+        if region_id not in regions:
+            raise ConfigError(f"partition {key!r}: unknown region {region_id!r} (see the region file)")
+        return cls(key=key, day=day, region=regions[region_id])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One grader finding; a phase commits only when every check passed."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class PhaseOutput:
+    tables: dict[str, pa.Table]
+    figures: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[Artifact] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    phase: str
+    partition_key: str
+    status: str  # SKIPPED | COMPLETED
+    checkpoint: Checkpoint
+    delivered: tuple[str, ...] = ()
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def state_hash(self) -> str:
+        return self.checkpoint.state_hash or ""
+
+
+def table_hash(table: pa.Table) -> str:
+    """Content hash of a table: sha256 of its Arrow IPC stream (chunks combined first)."""
+    sink = pa.BufferOutputStream()
+    table = table.combine_chunks()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def _hash_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class PhaseIO:
+    """What a phase's compute function may touch: pinned upstream reads and recorded calls."""
+
+    def __init__(self, runner: PhaseRunner, phase: Phase, part: PartitionRef, upstream: dict[str, Checkpoint],
+                 claim: Claim | None):
+        self.runner = runner
+        self.phase = phase
+        self.partition = part
+        self.upstream = upstream
+        self.claim = claim
+
+    @property
+    def landing(self) -> Landing:
+        return self.runner.landing
+
+    @property
+    def known_regions(self) -> list[str]:
+        return sorted(self.runner.regions)
+
+    def read(self, table: str) -> pd.DataFrame:
+        return self.read_arrow(table).to_pandas()
+
+    def read_arrow(self, table: str) -> pa.Table:
+        """Read this partition of ``table`` at the version its producer's checkpoint pinned."""
+        owner, _ = TABLES[table]
+        cp = self.upstream.get(BY_NAME[owner].name)
+        if cp is None:
+            raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
+        version = cp.summary["delta_versions"][table]
+        return self.runner.lake.read_partition(table, self.partition.region.region_id, self.partition.day,
+                                               version=version)
+
+    def midpoint(self) -> None:
+        """Called by a compute function halfway through its work (fault-injection point)."""
+        faults.check("mid_transform", phase=self.phase.name, partition_key=self.partition.key)
+
+    def call(self, kind: str, name: str, input: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Make an outside call once per checkpoint: a retried attempt gets the recorded output."""
+        assert self.claim is not None
+        key = f"{kind}:{name}:{_hash_json(input)[:16]}"
+        if key in self.claim.recorded:
+            self.runner.log(f"{self.phase.name}: {kind} {name} answered from the record")
+            return dict(self.claim.recorded[key], replayed=True)
+        output = fn()
+        self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
+        return output
+
+
+Compute = Callable[[PhaseIO], PhaseOutput]
+Grader = Callable[[PhaseIO, PhaseOutput], Iterable[Check]]
+
+
+class PhaseRunner:
+    """Runs phases for partitions against one ledger, lake, landing zone and target set."""
+
+    def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
+                 regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
+                 lease_timeout_s: float = 900.0):
+        self.ledger = ledger
+        self.lake = lake
+        self.landing = landing
+        self.targets = targets
+        self.regions = regions
+        self.run_id = run_id
+        self.log: Log = log or (lambda _msg: None)
+        self.lease_timeout_s = lease_timeout_s
+
+    # ---- 1. input hash -----------------------------------------------------------------
+    def upstream(self, phase: Phase, part: PartitionRef) -> dict[str, Checkpoint]:
+        heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
+        ups: dict[str, Checkpoint] = {}
+        for name in phase.reads:
+            cp = heads.get(name)
+            if cp is None or cp.status != "COMPLETED":
+                state = "never run" if cp is None else cp.status
+                raise UpstreamNotReady(
+                    f"{phase.name} of {part.key} needs {name} COMPLETED first ({name} is {state}); "
+                    "materialize the upstream assets too"
+                )
+            ups[name] = cp
+        return ups
+
+    def input_hash(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint]) -> tuple[str, dict[str, Any]]:
+        basis: dict[str, Any] = {
+            "phase": phase.name,
+            "code_version": phase.code_version,
+            "schema_version": phase.schema_version,
+            "partition": part.key,
+        }
+        if phase.name == "ingest":
+            basis["region"] = part.region.fingerprint()
+            basis["files"] = self.landing.digests(part.region.region_id, part.day)
+            basis["known_regions"] = sorted(self.regions)
+        basis["upstream"] = {name: cp.state_hash for name, cp in sorted(ups.items())}
+        if phase.name == "present":
+            basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
+                                      for t in self.targets)
+        return _hash_json(basis), basis
+
+    # ---- the protocol ------------------------------------------------------------------
+    def run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None = None) -> Outcome:
+        ups = self.upstream(phase, part)
+        ih, basis = self.input_hash(phase, part, ups)
+        args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,
+                    input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
+                    run_id=self.run_id)
+        look = self.ledger.decide(**args, claim=False)
+        if look.skip:
+            assert look.head is not None
+            self.ledger.record_skip(look.head, self.run_id)
+            self.log(f"{phase.name} {part.key}: SKIPPED (checkpoint seq {look.head.seq} has this input hash)")
+            return Outcome(phase.name, part.key, "SKIPPED", look.head)
+
+        def waiting(waited: float) -> None:
+            if int(waited * 10) % 50 == 0:
+                self.log(f"{phase.name} {part.key}: waiting for the lease held by another run ({waited:.0f} s)")
+
+        with self.ledger.lease(part.key, phase.name, timeout_s=self.lease_timeout_s, on_wait=waiting):
+            decision = self.ledger.decide(**args, claim=True)
+            if decision.skip:
+                assert decision.head is not None
+                self.log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
+                return Outcome(phase.name, part.key, "SKIPPED", decision.head)
+            claim = decision.claim
+            assert claim is not None
+            self.log(f"{phase.name} {part.key}: attempt {claim.checkpoint.attempt} (seq {claim.seq})")
+            faults.check("after_lease", phase=phase.name, partition_key=part.key)
+            try:
+                outcome = self._attempt(phase, part, ups, claim, basis, compute, grader)
+            except BaseException as exc:
+                self._record_failure(claim, exc)
+                raise
+        faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
+        return outcome
+
+    def _record_failure(self, claim: Claim, exc: BaseException) -> None:
+        if isinstance(exc, LedgerUnavailable):
+            return  # cannot record; the PENDING row is taken over by the next attempt
+        message = str(exc) if isinstance(exc, StormlakeError) else f"{exc.__class__.__name__}: {exc}"
+        try:
+            self.ledger.fail(claim, error_class=exc.__class__.__name__, error_message=message, run_id=self.run_id)
+        except StormlakeError as inner:
+            self.log(f"could not record the failure in the ledger: {inner}")
+
+    def _attempt(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint], claim: Claim,
+                 basis: dict[str, Any], compute: Compute, grader: Grader | None) -> Outcome:
+        io = PhaseIO(self, phase, part, ups, claim)
+        out = compute(io)
+        checks = list(_schema_checks(phase, out))
+        if grader is not None:
+            checks.extend(grader(io, out))
+        failed = [c for c in checks if not c.passed]
+        if failed:
+            raise GraderError(
+                f"{phase.name} of {part.key} failed its grader: "
+                + "; ".join(f"{c.name}: {c.detail}" for c in failed[:3])
+            )
+        versions: dict[str, int] = {}
+        written: dict[str, bool] = {}
+        hashes: dict[str, str] = {}
+        rows: dict[str, int] = {}
+        for table in phase.tables:
+            data = out.tables[table]
+            hashes[table] = table_hash(data)
+            rows[table] = data.num_rows
+
+            def write(table: str = table, data: pa.Table = data) -> dict[str, Any]:
+                res = self.lake.overwrite_partition(table, part.region.region_id, part.day, data,
+                                                    seq=claim.seq, first_seq=claim.checkpoint.first_seq)
+                return {"version": res.version, "written": res.written, "rows": res.rows}
+
+            res = io.call("delta_commit", table, {"partition": part.key, "content": hashes[table]}, write)
+            versions[table] = int(res["version"])
+            written[table] = bool(res["written"]) and not res.get("replayed", False)
+            faults.check("after_delta_commit", phase=phase.name, partition_key=part.key)
+        delivered, receipts = self._deliver(io, out.artifacts)
+        state_hash = _hash_json({"tables": hashes, "artifacts": sorted(a.artifact_id for a in out.artifacts)})
+        summary = {
+            "rows": rows,
+            "delta_versions": versions,
+            "delta_written": written,
+            "figures": out.figures,
+            "upstream": basis["upstream"],
+            "artifacts": sorted(a.artifact_id for a in out.artifacts),
+            "delivered": delivered,
+            "receipts": receipts,
+            "checks": {c.name: c.passed for c in checks},
+        }
+        if phase.name == "ingest":
+            summary["input_files"] = basis["files"]
+        cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=phase.tier,
+                                  tier_label=phase.tier_label, run_id=self.run_id)
+        self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]})")
+        return Outcome(phase.name, part.key, "COMPLETED", cp, tuple(delivered), tuple(checks))
+
+    # ---- deliveries ----------------------------------------------------------------------
+    def _deliver(self, io: PhaseIO, artifacts: list[Artifact]) -> tuple[list[str], int]:
+        """Deliver every artifact to every target exactly once, guarded by receipts."""
+        delivered: list[str] = []
+        count = 0
+        part = io.partition
+        for artifact in artifacts:
+            for target in self.targets:
+                count += 1
+                rec = self.ledger.prepare_receipt(
+                    artifact_id=artifact.artifact_id, target=target.name, partition_key=part.key,
+                    region_id=artifact.region_id, day=artifact.day, kind=artifact.kind,
+                    content_hash=artifact.content_hash, size_bytes=len(artifact.data),
+                    target_ref=target.ref(artifact), checkpoint_id=io.claim.id if io.claim else None,
+                )
+                if rec.status == "DELIVERED":
+                    continue
+                faults.check("after_pending", phase=io.phase.name, partition_key=part.key)
+
+                def send(target: Target = target, artifact: Artifact = artifact, supersedes=rec.supersedes):
+                    try:
+                        response = target.deliver(artifact, supersedes=supersedes)
+                    except StormlakeError as exc:
+                        self.ledger.note_delivery_attempt(artifact.artifact_id, target.name, str(exc))
+                        raise
+                    faults.check("after_delivery", phase=io.phase.name, partition_key=part.key)
+                    self.ledger.mark_delivered(artifact.artifact_id, target.name, response)
+                    return {"artifact_id": artifact.artifact_id, "target": target.name, "response": response}
+
+                io.call("deliver", f"{target.name}:{artifact.kind}",
+                        {"artifact_id": artifact.artifact_id, "target": target.name}, send)
+                delivered.append(f"{target.name}:{artifact.artifact_id}")
+                self.log(f"delivered {artifact.artifact_id} to {target.name}"
+                         + (f" (supersedes {rec.supersedes})" if rec.supersedes else ""))
+        return delivered, count
+
+
+def _schema_checks(phase: Phase, out: PhaseOutput) -> Iterable[Check]:
+    """Every table a phase hands on has exactly its declared columns, types and partition."""
+    for table in phase.tables:
+        data = out.tables.get(table)
+        if data is None:
+            yield Check(f"{table}.present", False, "the phase produced no such table")
+            continue
+        _, schema = TABLES[table]
+        missing = [n for n in schema.names if n not in data.schema.names]
+        if missing:
+            yield Check(f"{table}.columns", False, f"missing column(s) {', '.join(missing)}")
+            continue
+        try:
+            cast = data.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
+            yield Check(f"{table}.types", False, str(exc).splitlines()[0])
+            continue
+        bad_nulls = [f.name for f in schema if not f.nullable and cast.column(f.name).null_count]
+        if bad_nulls:
+            yield Check(f"{table}.nulls", False, f"nulls in non-nullable column(s) {', '.join(bad_nulls)}")
+        yield Check(f"{table}.schema", not bad_nulls, f"{cast.num_rows} rows")
+        for col in PARTITION_COLUMNS:
+            values = set(cast.column(col).unique().to_pylist())
+            if len(values) > 1:
+                yield Check(f"{table}.{col}", False, f"rows of several partitions: {sorted(values)[:3]}")
+        out.tables[table] = cast

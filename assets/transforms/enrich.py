@@ -1,0 +1,217 @@
+"""The enrich transform: put every accepted outage on the H3 grid and attach what is known there.
+
+Each outage gets its resolution-7 cell, the cell's main feeder and customer count, the cell's
+terrain and the weather of the nearest station in the outage's hour.  Everything is computed
+per *unique cell* (a few thousand) and then broadcast to the rows, so a partition of a million
+outages costs one H3 call per row and a handful of vectorised gathers.
+
+The weather helpers (:func:`station_hour_grid`, :func:`nearest_station`, :func:`cell_centres`)
+are shared with the correlate transform so that both phases see a cell's weather the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import h3
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from h3.api import basic_int
+
+from assets.schemas import OUTAGES_ENRICHED
+from resources.settings import Region
+
+RES = 7
+HOURS = 24
+
+
+@dataclass(frozen=True)
+class StationGrid:
+    """Hourly weather of the partition's stations.
+
+    Attributes:
+        lat, lon: station positions (first observation of each station).
+        gust, rain: ``(stations, 24)`` arrays; ``gust``/``rain`` have missing hours filled from the
+            station's nearest observed hour (ties: the earlier hour); ``rain_obs`` keeps NaN there.
+    """
+
+    station_ids: np.ndarray
+    lat: np.ndarray
+    lon: np.ndarray
+    gust: np.ndarray
+    rain: np.ndarray
+    rain_obs: np.ndarray
+
+    @property
+    def empty(self) -> bool:
+        return len(self.station_ids) == 0
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    """A zero-row frame whose dtypes round-trip through ``pa.Table.from_pandas(..., schema=schema)``."""
+    return schema.empty_table().to_pandas()
+
+
+def day_start(day: str) -> pd.Timestamp:
+    return pd.Timestamp(day, tz="UTC")
+
+
+def cell_centres(cells: np.ndarray | list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Centre lat/lon of H3 cells given as strings."""
+    pts = np.array([h3.cell_to_latlng(c) for c in cells], dtype=float).reshape(-1, 2)
+    return pts[:, 0], pts[:, 1]
+
+
+def nearest_station(lat: np.ndarray, lon: np.ndarray, grid: StationGrid) -> np.ndarray:
+    """Index of the nearest station for every point (equirectangular distance; ties: lower index).
+
+    The equirectangular approximation is exact enough inside a region of ~100 km and, unlike a
+    haversine, is a cheap broadcast over (points, stations).
+    """
+    if len(lat) == 0 or grid.empty:
+        return np.zeros(len(lat), dtype=np.int64)
+    coslat = np.cos(np.radians(lat))[:, None]
+    d2 = (lat[:, None] - grid.lat[None, :]) ** 2 + ((lon[:, None] - grid.lon[None, :]) * coslat) ** 2
+    return np.argmin(d2, axis=1)
+
+
+def _fill_nearest_hour(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    out = values.copy()
+    hours = np.arange(values.shape[1])
+    for s in range(values.shape[0]):
+        avail = np.flatnonzero(present[s])
+        if len(avail) == 0 or len(avail) == values.shape[1]:
+            continue
+        pos = np.clip(np.searchsorted(avail, hours), 1, len(avail)) if len(avail) > 1 else np.ones_like(hours)
+        left = avail[np.maximum(pos - 1, 0)]
+        right = avail[np.minimum(pos, len(avail) - 1)]
+        pick = np.where(np.abs(hours - left) <= np.abs(right - hours), left, right)
+        out[s] = values[s, pick]
+    return out
+
+
+def station_hour_grid(weather: pd.DataFrame, day: str) -> StationGrid:
+    """Per station and UTC hour of ``day``: the max gust and max rain of the hour's observations.
+
+    Max (not mean) because a duplicated or sub-hourly report must not dilute the strongest
+    reading, and an hourly rain accumulation reported twice must not be summed.
+    """
+    if weather is None or len(weather) == 0:
+        z = np.zeros((0, HOURS))
+        return StationGrid(np.array([], dtype=object), np.zeros(0), np.zeros(0), z, z, z)
+    obs = pd.to_datetime(weather["observed_at"], utc=True)
+    hour = ((obs - day_start(day)) // pd.Timedelta(hours=1)).to_numpy()
+    keep = (hour >= 0) & (hour < HOURS)
+    w = pd.DataFrame({"station_id": weather["station_id"].to_numpy()[keep], "hour": hour[keep].astype(np.int64),
+                      "obs": obs.to_numpy()[keep], "lat": weather["lat"].to_numpy(float)[keep],
+                      "lon": weather["lon"].to_numpy(float)[keep],
+                      "gust": weather["wind_gust_ms"].to_numpy(float)[keep],
+                      "rain": weather["rain_mm"].to_numpy(float)[keep]})
+    if len(w) == 0:
+        return station_hour_grid(weather.iloc[0:0], day)
+    first = w.sort_values(["station_id", "obs"], kind="stable").drop_duplicates("station_id")
+    ids = first["station_id"].to_numpy()
+    s_ix = pd.Index(ids).get_indexer(w["station_id"])
+    gust = np.full((len(ids), HOURS), np.nan)
+    rain = np.full((len(ids), HOURS), np.nan)
+    np.fmax.at(gust, (s_ix, w["hour"].to_numpy()), w["gust"].to_numpy())
+    np.fmax.at(rain, (s_ix, w["hour"].to_numpy()), w["rain"].to_numpy())
+    present = np.zeros((len(ids), HOURS), dtype=bool)
+    present[s_ix, w["hour"].to_numpy()] = True
+    return StationGrid(ids, first["lat"].to_numpy(float), first["lon"].to_numpy(float),
+                       _fill_nearest_hour(gust, present), _fill_nearest_hour(rain, present), rain)
+
+
+def cells_of_points(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """H3 res-7 cells of points as (unique cell strings sorted, inverse index per point)."""
+    to_cell = basic_int.latlng_to_cell
+    ints = np.fromiter((to_cell(a, b, RES) for a, b in zip(lat.tolist(), lon.tolist(), strict=True)),
+                       dtype=np.uint64, count=len(lat))
+    uniq, inverse = np.unique(ints, return_inverse=True)
+    # hex strings of equal length sort like the integers, so ``uniq`` strings are sorted too
+    return np.array([h3.int_to_str(int(x)) for x in uniq], dtype=object), inverse
+
+
+def feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the feeder with most customers (ties: smallest feeder_id) and the cell's total."""
+    if len(customers) == 0:
+        return pd.DataFrame({"feeder_id": pd.Series([], dtype=object),
+                             "cell_customers": pd.Series([], dtype=np.int64)}, index=pd.Index([], name="cell_id"))
+    per = customers.groupby(["cell_id", "feeder_id"], sort=True, as_index=False)["customers"].sum()
+    best = per.sort_values(["cell_id", "customers", "feeder_id"], ascending=[True, False, True], kind="stable")
+    best = best.drop_duplicates("cell_id").set_index("cell_id")
+    total = per.groupby("cell_id", sort=True)["customers"].sum()
+    return pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
+
+
+def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
+    """One terrain row per cell (the first by source line when the reference repeats a cell)."""
+    cols = ["elevation_m", "slope_deg", "vegetation_index", "flood_zone"]
+    if len(terrain) == 0:
+        return pd.DataFrame({c: pd.Series([], dtype=float) for c in cols}, index=pd.Index([], name="cell_id"))
+    order = ["cell_id", "source_line"] if "source_line" in terrain.columns else ["cell_id"]
+    t = terrain.sort_values(order, kind="stable").drop_duplicates("cell_id").set_index("cell_id")
+    return t[cols]
+
+
+def enrich_outages(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,
+                   *, region: Region, day: str) -> pd.DataFrame:
+    """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED.
+
+    Returns:
+        A frame with exactly the columns of ``OUTAGES_ENRICHED`` in order, sorted by ``event_id``.
+        ``gust_ms``/``rain_mm`` are the nearest station's (to the cell centre) values in the
+        outage's hour, or of that station's nearest observed hour when the hour is missing; null
+        when the partition has no weather.  ``restoration_min`` is null while not restored.
+    """
+    names = OUTAGES_ENRICHED.names
+    if len(outages) == 0:
+        return empty_frame(OUTAGES_ENRICHED)
+    order = pc.sort_indices(pa.array(outages["event_id"].astype(object).to_numpy(), pa.string())).to_numpy()
+    o = outages.iloc[order]
+    lat, lon = o["lat"].to_numpy(float), o["lon"].to_numpy(float)
+    cells, inv = cells_of_points(lat, lon)
+    reported = pd.to_datetime(o["reported_at"], utc=True).reset_index(drop=True)
+    restored = pd.to_datetime(o["restored_at"], utc=True).reset_index(drop=True)
+    hour = reported.dt.hour.to_numpy().astype(np.int32)
+
+    feeders = feeder_table(customers).reindex(cells)
+    cell_feeder = feeders["feeder_id"].to_numpy(dtype=object)
+    cell_feeder = np.where(pd.isna(cell_feeder), None, cell_feeder)
+    cell_cust = feeders["cell_customers"].fillna(0).to_numpy().astype(np.int64)
+    terr = terrain_table(terrain).reindex(cells)
+
+    grid = station_hour_grid(weather, day)
+    if grid.empty:
+        gust = rain = np.full(len(o), np.nan)
+    else:
+        clat, clon = cell_centres(cells)
+        st = nearest_station(clat, clon, grid)[inv]
+        gust, rain = grid.gust[st, hour], grid.rain[st, hour]
+
+    cell_flood = pd.array([None if pd.isna(v) else bool(v) for v in terr["flood_zone"]], dtype="boolean")
+    out = pd.DataFrame({
+        "region_id": region.region_id,
+        "day": day,
+        "event_id": o["event_id"].astype(object).to_numpy(),
+        "reported_at": reported,
+        "restored_at": restored,
+        "hour": hour,
+        "lat": lat,
+        "lon": lon,
+        "cell_id": cells[inv],
+        "customers_out": o["customers_out"].to_numpy().astype(np.int64),
+        "cause": o["cause"].astype(object).to_numpy(),
+        "feeder_id": cell_feeder[inv],
+        "cell_customers": cell_cust[inv],
+        "elevation_m": terr["elevation_m"].to_numpy(float)[inv],
+        "slope_deg": terr["slope_deg"].to_numpy(float)[inv],
+        "vegetation_index": terr["vegetation_index"].to_numpy(float)[inv],
+        "flood_zone": cell_flood.take(inv),
+        "gust_ms": gust,
+        "rain_mm": rain,
+        "restoration_min": (restored - reported).dt.total_seconds().to_numpy() / 60.0,
+    })
+    return out[names]

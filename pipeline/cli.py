@@ -1,0 +1,324 @@
+"""``stormlake``: the command line of contract section 7.
+
+Exit codes: 0 success, 1 a partition or phase failed, 2 bad usage or configuration. Errors are
+one line on stderr; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from resources.errors import ConfigError, StormlakeError
+from resources.settings import Settings, load_regions, load_settings
+
+SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
+
+
+def _days(spec: str | None, first_day: str) -> tuple[str, str] | None:
+    if not spec:
+        return None
+    start, sep, end = spec.partition("..")
+    end = end if sep else start
+    try:
+        a, b = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    except ValueError:
+        raise ConfigError(f"--days {spec!r}: expected YYYY-MM-DD..YYYY-MM-DD") from None
+    if a > b:
+        raise ConfigError(f"--days {spec!r}: the start is after the end")
+    if a < dt.date.fromisoformat(first_day):
+        raise ConfigError(f"--days {spec!r}: starts before STORMLAKE_FIRST_DAY={first_day}")
+    return a.isoformat(), b.isoformat()
+
+
+def select_partitions(settings: Settings, regions_arg: str | None, days_arg: str | None) -> list[str]:
+    """Partition keys to run: the landing zone's folders, narrowed by --regions / --days."""
+    from resources.landing import Landing
+
+    known = {r.region_id for r in load_regions(settings.regions_file)}
+    wanted = None
+    if regions_arg:
+        wanted = {r.strip() for r in regions_arg.split(",") if r.strip()}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ConfigError(f"--regions: unknown region(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    window = _days(days_arg, settings.first_day)
+    keys = []
+    for day, region in Landing(settings.landing).partitions():
+        if region not in known or day < settings.first_day:
+            continue
+        if wanted is not None and region not in wanted:
+            continue
+        if window and not (window[0] <= day <= window[1]):
+            continue
+        keys.append(f"{day}|{region}")
+    return keys
+
+
+def _prepare(settings: Settings) -> str:
+    from pipeline.instance import prepare_dagster_home
+
+    _, ledger_dsn = prepare_dagster_home(settings)
+    return ledger_dsn
+
+
+def _ledger(settings: Settings):
+    from resources.ledger import get_ledger
+
+    return get_ledger(_prepare(settings))
+
+
+def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.generate import generate_scenario
+
+    regions = load_regions(settings.regions_file)
+    if not 1 <= args.regions <= len(regions):
+        raise ConfigError(f"--regions must be between 1 and {len(regions)} (the region file's length)")
+    if args.days < 1 or args.rows_per_partition < 1:
+        raise ConfigError("--days and --rows-per-partition must be at least 1")
+    start = args.start or settings.first_day
+    _days(start, settings.first_day)
+    total = args.regions * args.days
+
+    def progress(stage: str, done: int, of: int) -> None:
+        sys.stderr.write(f"\rgenerate: {stage} {done}/{of}\033[K" if sys.stderr.isatty() else f"generate: {stage} {done}/{of}\n")
+        sys.stderr.flush()
+
+    t = time.monotonic()
+    generate_scenario(settings.landing, regions[: args.regions], days=args.days, start=start,
+                      rows_per_partition=args.rows_per_partition, seed=args.seed, progress=progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print(f"wrote {total} partitions ({args.regions} regions x {args.days} days, "
+          f"{args.rows_per_partition} outage rows each) to {settings.landing} in {time.monotonic() - t:.1f}s")
+    return 0
+
+
+def _run(settings: Settings, keys: list[str]) -> list:
+    from pipeline.orchestrate import Progress, run_partitions
+
+    _prepare(settings)
+    if not keys:
+        print("no partitions selected (the landing zone has no matching <region>/<day>/ folders)")
+        return []
+    sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']})\n")
+    return run_partitions(keys, progress=Progress(len(keys)))
+
+
+def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
+    keys = select_partitions(settings, args.regions, args.days)
+    runs = _run(settings, keys)
+    failed = [r for r in runs if not r.ok]
+    computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
+    delivered = sum(len(r.delivered) for r in runs)
+    print(f"{len(runs) - len(failed)}/{len(runs)} partitions succeeded; {computed} phases computed, "
+          f"{delivered} artifact deliveries")
+    for r in failed:
+        print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from resources.landing import Landing
+
+    if Landing(settings.landing).is_empty():
+        ns = argparse.Namespace(regions=SAMPLE["regions"], days=SAMPLE["days"], start=None,
+                                rows_per_partition=SAMPLE["rows_per_partition"], seed=SAMPLE["seed"])
+        cmd_generate(ns, settings)
+    keys = select_partitions(settings, None, None)
+    runs = _run(settings, keys)
+    from pipeline.status import partition_status, render_table
+
+    print(render_table(partition_status(_ledger(settings))))
+    failed = [r for r in runs if not r.ok]
+    computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
+    delivered = sum(len(r.delivered) for r in runs)
+    if failed:
+        for r in failed:
+            print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+        return 1
+    if computed == 0 and delivered == 0:
+        print(f"nothing to do: all {len(runs)} partitions were already published; no phase ran, nothing delivered")
+    else:
+        print(f"computed {computed} phases, delivered {delivered} artifacts; "
+              f"published files under {settings.publish_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.status import partition_status, render_table
+
+    parts = partition_status(_ledger(settings))
+    if args.json:
+        print(json.dumps({"partitions": parts}, indent=2, default=str))
+    else:
+        print(render_table(parts))
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
+    if args.older_than < 1:
+        raise ConfigError("--older-than must be at least 1 day")
+    window_start = args.keep_from or settings.first_day
+    counts = _ledger(settings).prune(older_than_days=args.older_than, keep_days_from=window_start)
+    print(f"pruned {counts['checkpoints']} superseded checkpoints, {counts['events']} events, "
+          f"{counts['receipts']} superseded receipts older than {args.older_than} days "
+          f"(receipts of days from {window_start} kept)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.report import write_report
+
+    out = Path(args.out) if args.out else settings.home / "report.html"
+    write_report(_ledger(settings), out)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.bench import run_bench
+
+    return run_bench(args, settings)
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from resources.pgserver import is_running, stop_embedded
+
+    if settings.pg_dsn and args.action in ("start", "stop"):
+        raise ConfigError("STORMLAKE_PG_DSN is set: the ledger's server is not stormlake's to start or stop")
+    if args.action == "stop":
+        print("stopped the embedded PostgreSQL" if stop_embedded(settings.pgdata) else "the embedded PostgreSQL was not running")
+    elif args.action == "start":
+        _prepare(settings)
+        print(f"embedded PostgreSQL running in {settings.pgdata}")
+    elif args.action == "status":
+        print("running" if (settings.pg_dsn or is_running(settings.pgdata)) else "stopped")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace, settings: Settings) -> int:
+    _prepare(settings)
+    print(f"export DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
+    print(f"export STORMLAKE_HOME={settings.home}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    from resources.pgserver import stop_embedded
+
+    embedded = not settings.pg_dsn
+    _prepare(settings)
+    env = dict(os.environ)
+    bindir = Path(sys.executable).parent
+    common = ["-m", "pipeline.definitions"]
+    procs = [
+        subprocess.Popen([str(bindir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(args.port), *common], env=env),
+        subprocess.Popen([str(bindir / "dagster-daemon"), "run", *common], env=env),
+    ]
+    print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it", file=sys.stderr)
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.3)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if embedded:
+            stop_embedded(settings.pgdata)
+    failed = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, 143)]
+    return 1 if (failed and not stopping) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stormlake", description="Storm-outage intelligence pipeline on Dagster.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="write a deterministic synthetic storm scenario into the landing zone")
+    g.add_argument("--regions", type=int, default=SAMPLE["regions"])
+    g.add_argument("--days", type=int, default=SAMPLE["days"])
+    g.add_argument("--start", default=None, help="first day, YYYY-MM-DD (default STORMLAKE_FIRST_DAY)")
+    g.add_argument("--rows-per-partition", type=int, default=SAMPLE["rows_per_partition"])
+    g.add_argument("--seed", type=int, default=SAMPLE["seed"])
+    g.set_defaults(fn=cmd_generate)
+
+    sub.add_parser("demo", help="generate the sample if needed, run it all, print the status").set_defaults(fn=cmd_demo)
+
+    b = sub.add_parser("backfill", help="run partitions of the landing zone through Dagster")
+    b.add_argument("--regions", help="comma-separated region ids")
+    b.add_argument("--days", help="START..END (inclusive) or one day")
+    b.set_defaults(fn=cmd_backfill)
+
+    s = sub.add_parser("status", help="the ledger's view of every partition")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+
+    u = sub.add_parser("ui", help="Dagster webserver and daemon on this instance")
+    u.add_argument("--port", type=int, default=3000)
+    u.set_defaults(fn=cmd_ui)
+
+    r = sub.add_parser("report", help="one HTML page on where every batch stands")
+    r.add_argument("--out", default=None)
+    r.set_defaults(fn=cmd_report)
+
+    pr = sub.add_parser("prune", help="remove ledger history past the window")
+    pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
+    pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",
+                    help="first day of the backfill window whose receipts are always kept (default STORMLAKE_FIRST_DAY)")
+    pr.set_defaults(fn=cmd_prune)
+
+    be = sub.add_parser("bench", help="benchmark: bare transforms vs the pipeline vs a re-run")
+    be.add_argument("--json", action="store_true")
+    be.add_argument("--partitions", type=int, default=8)
+    be.add_argument("--rows-per-partition", type=int, default=200_000)
+    be.add_argument("--seed", type=int, default=11)
+    be.add_argument("--skip", default="", help="comma-separated measurements to leave out")
+    be.set_defaults(fn=cmd_bench)
+
+    d = sub.add_parser("db", help="the embedded PostgreSQL server")
+    d.add_argument("action", choices=["start", "stop", "status"])
+    d.set_defaults(fn=cmd_db)
+
+    sub.add_parser("env", help="print the exports that point Dagster's own CLI at this instance").set_defaults(fn=cmd_env)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        return int(args.fn(args, settings) or 0)
+    except StormlakeError as exc:
+        if args.debug:
+            raise
+        print(f"stormlake: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("stormlake: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

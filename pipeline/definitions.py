@@ -1,0 +1,47 @@
+"""The code location: the only ``dg.Definitions`` of stormlake.
+
+``dagster dev -w workspace.yaml``, ``dagster asset materialize -m pipeline.definitions`` and
+``dg launch`` all load ``defs`` from here. Settings come from the environment (contract
+section 1); the ledger DSN and the webhook URL are read through ``dg.EnvVar`` so they are never
+shown in the UI or logged.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.correlate import storm_correlation
+from assets.enrich import enriched_outages
+from assets.ingest import ingested_batch
+from assets.present import operational_picture
+from pipeline.jobs import storm_job
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
+from resources.settings import load_settings
+
+
+def build_resources() -> dict[str, dg.ConfigurableResource]:
+    s = load_settings()
+    return {
+        "ledger": LedgerResource(dsn=dg.EnvVar("STORMLAKE_PG_DSN") if s.pg_dsn else "", pgdata=str(s.pgdata)),
+        "lake": LakeResource(root=s.lake),
+        "landing": LandingResource(root=str(s.landing), regions_file=str(s.regions_file)),
+        "publisher": PublisherResource(
+            publish_dir=str(s.publish_dir),
+            webhook_url=dg.EnvVar("STORMLAKE_WEBHOOK_URL") if s.webhook_url else "",
+            webhook_timeout_s=s.webhook_timeout_s,
+            webhook_tries=s.webhook_tries,
+            webhook_backoff_s=s.webhook_backoff_s,
+        ),
+    }
+
+
+PHASE_ASSETS = [ingested_batch, enriched_outages, storm_correlation, operational_picture]
+
+defs = dg.Definitions(
+    assets=PHASE_ASSETS,
+    jobs=[storm_job],
+    resources=build_resources(),
+)

@@ -1,0 +1,90 @@
+"""The Dagster instance stormlake runs in: ``$DAGSTER_HOME/dagster.yaml`` on PostgreSQL.
+
+Run, event-log and schedule storage live in their own database (``dagster``) on the same
+server as the ledger. Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most
+``MAX_BACKFILL_RUNS`` of them from backfills), every phase writes through a concurrency pool
+of its own, and crashed runs are retried (safe: every phase is idempotent).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+
+import psycopg
+
+from resources.pgserver import resolve_dsns
+from resources.settings import Settings
+
+MAX_CONCURRENT_RUNS = 4
+MAX_BACKFILL_RUNS = 2
+POOL_LIMIT = 2
+DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A psycopg DSN as the ``postgresql://`` URL dagster-postgres takes (sockets via ``?host=``)."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = urllib.parse.quote(str(info.get("user") or "postgres"), safe="")
+    password = info.get("password")
+    auth = user + (":" + urllib.parse.quote(str(password), safe="") if password else "")
+    host = str(info.get("host") or "")
+    db = urllib.parse.quote(str(info.get("dbname") or "postgres"), safe="")
+    if host.startswith("/"):
+        return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}"
+    port = f":{info['port']}" if info.get("port") else ""
+    return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
+
+
+def dagster_yaml(url_literal: str | None) -> str:
+    """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL."""
+    url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
+    return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
+storage:
+  postgres:
+    postgres_url: {url}
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    max_concurrent_runs: {MAX_CONCURRENT_RUNS}
+    tag_concurrency_limits:
+      - key: dagster/backfill
+        limit: {MAX_BACKFILL_RUNS}
+  pools:
+    default_limit: {POOL_LIMIT}
+run_retries:
+  enabled: true
+  max_retries: 2
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 180
+  max_resume_run_attempts: 0
+telemetry:
+  enabled: false
+"""
+
+
+def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
+    """Write ``dagster.yaml`` for the current settings; return (DAGSTER_HOME, ledger DSN).
+
+    Sets ``DAGSTER_HOME`` (and the storage URL variable when the DSN has a password) in this
+    process's environment so that Dagster and any child process find the instance.
+    """
+    ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
+    home = settings.dagster_home
+    home.mkdir(parents=True, exist_ok=True)
+    url = sqlalchemy_url(dagster_dsn)
+    has_secret = bool(psycopg.conninfo.conninfo_to_dict(dagster_dsn).get("password"))
+    if has_secret:
+        os.environ[DAGSTER_URL_ENV] = url
+    text = dagster_yaml(None if has_secret else url)
+    target = home / "dagster.yaml"
+    if not target.exists() or target.read_text() != text:
+        tmp = target.with_suffix(".yaml.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home, ledger_dsn

@@ -1,0 +1,134 @@
+"""Run partitions through Dagster from the command line, with a progress display.
+
+Each partition is one run of ``storm_job`` executed in this process against the instance in
+``$DAGSTER_HOME`` (so the UI lists it like any other run). The ledger decides inside each phase
+whether there is work; a partition that is already published costs one skip per phase.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from assets.phases import PHASES
+
+ASSET_PHASE = {p.asset: p.name for p in PHASES}
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
+@dataclass
+class PartitionRun:
+    key: str
+    ok: bool
+    run_id: str
+    seconds: float
+    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
+    delivered: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _failure_message(event: dg.DagsterEvent) -> str:
+    data = event.step_failure_data
+    if data is None:
+        return "failed"
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    err = data.error
+    while err is not None and err.cause is not None and err.cls_name in ("DagsterExecutionStepExecutionError",):
+        err = err.cause
+    if err is None:
+        return "failed"
+    return f"{err.cls_name}: {err.message.strip().splitlines()[0] if err.message else ''}"
+
+
+def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str, *,
+                  tags: dict[str, str] | None = None) -> PartitionRun:
+    start = time.monotonic()
+    result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False,
+                                    run_config=QUIET, tags=tags or {})
+    run = PartitionRun(key=key, ok=result.success, run_id=result.run_id, seconds=0.0)
+    for event in result.all_events:
+        if event.is_step_materialization:
+            mat = event.step_materialization_data.materialization
+            phase = ASSET_PHASE.get(mat.asset_key.to_user_string())
+            if phase:
+                status = mat.metadata.get("status")
+                run.phases[phase] = str(status.value) if status is not None else "COMPLETED"
+                delivered = mat.metadata.get("delivered")
+                if delivered is not None:
+                    run.delivered.extend(delivered.value or [])
+        elif event.is_step_failure:
+            step = event.step_key or ""
+            phase = ASSET_PHASE.get(step.split(".")[0], step)
+            run.phases[phase] = "FAILED"
+            run.error = run.error or _failure_message(event)
+    if not result.success and run.error is None:
+        run.error = "run failed (see the run in the Dagster UI)"
+    run.seconds = time.monotonic() - start
+    return run
+
+
+class Progress:
+    """A one-line-per-partition progress display on stderr (bar redrawn in place on a TTY)."""
+
+    MARK = {"COMPLETED": "done", "SKIPPED": "skip", "FAILED": "FAIL"}
+
+    def __init__(self, total: int, *, stream=sys.stderr):
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+
+    def _bar(self) -> str:
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        return "[" + "#" * filled + "." * (width - filled) + f"] {self.done}/{self.total}"
+
+    def starting(self, key: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
+            self.stream.flush()
+
+    def finished(self, run: PartitionRun) -> None:
+        self.done += 1
+        phases = " ".join(f"{p.name}:{self.MARK.get(run.phases.get(p.name, ''), '-')}" for p in PHASES)
+        line = f"{self._bar()} {run.key:<28} {phases}  {run.seconds:5.1f}s"
+        if run.delivered:
+            line += f"  delivered {len(run.delivered)}"
+        if run.error:
+            line += f"\n    error: {run.error}"
+        self.stream.write(("\r" if self.tty else "") + line + ("\033[K" if self.tty else "") + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        elapsed = time.monotonic() - self.start
+        self.stream.write(f"{self.done}/{self.total} partitions in {elapsed:.1f}s\n")
+        self.stream.flush()
+
+
+def run_partitions(keys: list[str], *, progress: Progress | None = None,
+                   on_result: Callable[[PartitionRun], None] | None = None) -> list[PartitionRun]:
+    """Run each partition key through ``storm_job``, in order, in this process."""
+    from pipeline.definitions import defs
+    from pipeline.jobs import STORM_JOB
+
+    job = defs.resolve_job_def(STORM_JOB)
+    runs: list[PartitionRun] = []
+    with dg.DagsterInstance.get() as instance:
+        for key in keys:
+            if progress:
+                progress.starting(key)
+            run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
+            runs.append(run)
+            if progress:
+                progress.finished(run)
+            if on_result:
+                on_result(run)
+    if progress:
+        progress.close()
+    return runs

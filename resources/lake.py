@@ -1,0 +1,172 @@
+"""Delta tables under ``$STORMLAKE_LAKE``: pinned reads and crash-safe partition overwrites.
+
+Every write replaces exactly one (region_id, day) partition with a predicate overwrite, never
+an append, so a repeated write cannot duplicate rows. Each write carries a Delta app
+transaction ``(app_id, seq)`` and the same pair in the commit's custom metadata. Before writing,
+the table's ``transaction_version(app_id)`` tells whether an earlier attempt of the same
+checkpoint already committed (``version >= first_seq``): then the table is not written again and
+the version of that commit is found in the history. delta-rs itself accepts duplicate and lower
+app transaction versions, so this check is ours to make.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from resources.errors import LakeError
+
+APP_KEY = "stormlake.app_id"
+SEQ_KEY = "stormlake.seq"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    table: str
+    version: int  # the table version holding this partition's data
+    written: bool  # False when an earlier attempt's commit was recognised and reused
+    rows: int
+
+
+def app_id(table: str, region_id: str, day: str) -> str:
+    return f"stormlake/{table}/{region_id}/{day}"
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class Lake:
+    """Access to the lake's tables by name."""
+
+    def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str]):
+        self.root = root
+        self.schemas = schemas
+        self.partition_by = partition_by
+        self._created: set[str] = set()
+
+    def uri(self, table: str) -> str:
+        return self.root.rstrip("/") + "/" + table
+
+    def ensure_table(self, table: str) -> None:
+        """Create the table (empty, partitioned) unless it exists; safe against a creation race."""
+        if table in self._created:
+            return
+        uri = self.uri(table)
+        if "://" not in uri:
+            Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(5):
+            try:
+                if DeltaTable.is_deltatable(uri):
+                    break
+                DeltaTable.create(uri, self.schemas[table], mode="ignore", partition_by=self.partition_by)
+                break
+            except (CommitFailedError, DeltaError, OSError) as exc:
+                if DeltaTable.is_deltatable(uri):
+                    break
+                if attempt == 4:
+                    raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
+                time.sleep(0.1 * (attempt + 1))
+        self._created.add(table)
+
+    def table(self, table: str, version: int | None = None) -> DeltaTable:
+        try:
+            return DeltaTable(self.uri(table), version=version)
+        except TableNotFoundError as exc:
+            raise LakeError(f"Delta table {table} not found at {self.uri(table)}") from exc
+        except DeltaError as exc:
+            raise LakeError(f"cannot open Delta table {table} at version {version}: {exc}") from exc
+
+    def read_partition(self, table: str, region_id: str, day: str, *, version: int,
+                       columns: list[str] | None = None) -> pa.Table:
+        """Read one partition at a pinned table version (never "latest").
+
+        Scans single-threaded: a threaded pyarrow scan of a Delta table has been seen to abort
+        the interpreter at exit with deltalake 1.6 and pyarrow 26.
+        """
+        dt = self.table(table, version)
+        ds = dt.to_pyarrow_dataset()
+        flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
+        out = ds.to_table(filter=flt, columns=columns, use_threads=False)
+        return out.cast(self.schemas[table]) if columns is None else out
+
+    def committed_version(self, table: str, app: str, seq: int, *, search: int = 500) -> int | None:
+        """The table version whose commit carries app transaction ``(app, seq)``, if any."""
+        dt = self.table(table)
+        for entry in dt.history(search):
+            if entry.get(APP_KEY) == app and str(entry.get(SEQ_KEY)) == str(seq):
+                return int(entry["version"])
+        return None
+
+    def overwrite_partition(self, table: str, region_id: str, day: str, data: pa.Table, *,
+                            seq: int, first_seq: int) -> WriteResult:
+        """Replace one partition, unless an attempt of the same checkpoint already did.
+
+        Args:
+            seq: the attempt's fencing token, written as the app transaction version.
+            first_seq: the seq of the checkpoint's first attempt; any app transaction version at
+                or above it was written by an attempt of this same (partition, phase, input hash).
+        """
+        self.ensure_table(table)
+        app = app_id(table, region_id, day)
+        schema = self.schemas[table]
+        data = data.select(schema.names).cast(schema)
+        predicate = f"region_id = {_sql_str(region_id)} AND day = {_sql_str(day)}"
+        for attempt in range(6):
+            dt = self.table(table)
+            done = dt.transaction_version(app)
+            if done is not None and done >= first_seq:
+                version = self.committed_version(table, app, done)
+                if version is not None:
+                    return WriteResult(table, version, written=False, rows=data.num_rows)
+            try:
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="overwrite",
+                    predicate=predicate,
+                    partition_by=self.partition_by,
+                    commit_properties=CommitProperties(
+                        custom_metadata={APP_KEY: app, SEQ_KEY: str(seq)},
+                        app_transactions=[Transaction(app, seq)],
+                        max_commit_retries=50,
+                    ),
+                )
+            except CommitFailedError as exc:
+                # Lost a commit race: reload and re-decide (maybe our earlier attempt won it).
+                if attempt == 5:
+                    raise LakeError(f"{table} {region_id}/{day}: commit kept failing: {exc}") from exc
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            except DeltaError as exc:
+                raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
+            version = self.committed_version(table, app, seq)
+            if version is None:
+                raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
+            return WriteResult(table, version, written=True, rows=data.num_rows)
+        raise LakeError(f"{table} {region_id}/{day}: write did not complete")
+
+    def latest_version(self, table: str) -> int | None:
+        uri = self.uri(table)
+        if not DeltaTable.is_deltatable(uri):
+            return None
+        return self.table(table).version()
+
+
+# ---- Dagster resource --------------------------------------------------------------------
+import dagster as dg  # noqa: E402
+
+
+class LakeResource(dg.ConfigurableResource):
+    """The lake root (``STORMLAKE_LAKE``); ``get`` binds it to the tables' schemas."""
+
+    root: str
+
+    def get(self, schemas: dict[str, pa.Schema], *, partition_by: list[str]) -> Lake:
+        return Lake(self.root, schemas, partition_by=partition_by)

@@ -1,0 +1,81 @@
+"""The landing zone (contract section 3): where input files are, and their digests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from resources.settings import REGION_ID_RE
+
+PARTITION_FILES = ("outages.csv", "weather.csv")
+REFERENCE_FILES = ("reference/customers.csv", "reference/terrain.csv")
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file)."""
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except FileNotFoundError:
+        return "missing"
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Landing:
+    root: Path
+
+    def partition_dir(self, region_id: str, day: str) -> Path:
+        return self.root / region_id / day
+
+    def input_files(self, region_id: str, day: str) -> dict[str, Path]:
+        """Landing-relative name -> path of every file the ingest of this partition reads."""
+        files = {f"{region_id}/{day}/{name}": self.partition_dir(region_id, day) / name for name in PARTITION_FILES}
+        files.update({rel: self.root / rel for rel in REFERENCE_FILES})
+        return files
+
+    def digests(self, region_id: str, day: str) -> dict[str, str]:
+        return {rel: file_digest(path) for rel, path in sorted(self.input_files(region_id, day).items())}
+
+    def partitions(self) -> list[tuple[str, str]]:
+        """Every (day, region) with a folder in the landing zone, sorted by day then region."""
+        found: list[tuple[str, str]] = []
+        if not self.root.is_dir():
+            return found
+        for region_dir in self.root.iterdir():
+            if not region_dir.is_dir() or not REGION_ID_RE.match(region_dir.name) or region_dir.name == "reference":
+                continue
+            for day_dir in region_dir.iterdir():
+                try:
+                    dt.date.fromisoformat(day_dir.name)
+                except ValueError:
+                    continue
+                if day_dir.is_dir() and len(day_dir.name) == 10:
+                    found.append((day_dir.name, region_dir.name))
+        return sorted(found)
+
+    def is_empty(self) -> bool:
+        return not self.partitions()
+
+
+# ---- Dagster resource --------------------------------------------------------------------
+import dagster as dg  # noqa: E402
+
+
+class LandingResource(dg.ConfigurableResource):
+    """The landing zone (``STORMLAKE_LANDING``) and the region list it is read with."""
+
+    root: str
+    regions_file: str
+
+    def get(self) -> Landing:
+        return Landing(Path(self.root))
+
+    def regions(self):  # -> dict[str, Region]
+        from resources.settings import load_regions
+
+        return {r.region_id: r for r in load_regions(self.regions_file)}

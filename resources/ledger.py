@@ -1,0 +1,607 @@
+"""The PostgreSQL ledger: checkpoints, leases, recorded calls and delivery receipts.
+
+The ledger is the source of truth for what is done. Each public method owns its transaction
+and retries transient errors (connection loss, serialization failure) with backoff and jitter
+a bounded number of times; the ``_..._txn(conn, ...)`` helpers join a caller's transaction and
+never commit. Every statement is parametrized.
+
+Lifecycle of a checkpoint row (one per (partition, phase, input hash) generation)::
+
+    claim  ──►  PENDING (seq = fencing token) ──► complete ──► COMPLETED (immutable)
+                   │  ▲                    └────► fail     ──► FAILED ──► claim again
+                   └──┘ re-claimed after a crash: attempt + 1, new seq
+
+A newer input hash for the same (partition, phase) supersedes the old row; the live row is
+the "head". Completing or failing is fenced: the UPDATE matches only while the row still
+carries the attempt's ``seq``, so a writer whose lease was taken over cannot commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from resources.errors import FencingError, LeaseTimeout, LedgerError, LedgerUnavailable, MigrationError
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+_MIGRATION_LOCK = 7_406_001  # advisory lock id serialising migrations between processes
+PHASES = ("ingest", "enrich", "correlate", "present")
+T = TypeVar("T")
+
+_TRANSIENT = (
+    psycopg.OperationalError,  # connection refused / lost, server shutting down
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    PoolTimeout,
+)
+
+
+def idempotency_key(partition_key: str, phase: str, input_hash: str) -> str:
+    return hashlib.sha256(f"{partition_key}|{phase}|{input_hash}".encode()).hexdigest()
+
+
+def _lock_key(*parts: str) -> int:
+    digest = hashlib.sha256("|".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    id: int
+    partition_key: str
+    region_id: str
+    day: str
+    phase: str
+    input_hash: str
+    idempotency_key: str
+    status: str
+    state_hash: str | None
+    schema_version: int
+    code_version: str
+    first_seq: int
+    seq: int
+    attempt: int
+    tier: int
+    tier_label: str
+    summary: dict[str, Any]
+    calls: list[Any]
+    run_id: str | None
+    error_class: str | None
+    error_message: str | None
+    created_at: Any
+    updated_at: Any
+    completed_at: Any
+    superseded_at: Any
+
+
+@dataclass(frozen=True)
+class Receipt:
+    artifact_id: str
+    target: str
+    partition_key: str
+    region_id: str
+    day: str
+    kind: str
+    content_hash: str
+    size_bytes: int
+    target_ref: str
+    status: str
+    supersedes: str | None
+    checkpoint_id: int | None
+    attempts: int
+    last_error: str | None
+    response: Any
+    created_at: Any
+    delivered_at: Any
+
+
+@dataclass(frozen=True)
+class Event:
+    event_id: int
+    checkpoint_id: int | None
+    partition_key: str
+    region_id: str
+    day: str
+    phase: str
+    status: str
+    input_hash: str
+    seq: int | None
+    attempt: int | None
+    tier: int | None
+    run_id: str | None
+    detail: dict[str, Any]
+    at: Any
+
+
+@dataclass
+class Claim:
+    """An attempt's hold on a checkpoint row: what ``complete``/``fail`` are fenced by."""
+
+    checkpoint: Checkpoint
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_key -> output
+
+    @property
+    def id(self) -> int:
+        return self.checkpoint.id
+
+    @property
+    def seq(self) -> int:
+        return self.checkpoint.seq
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the ledger says about a phase before work: skip it, or claim it."""
+
+    skip: bool
+    head: Checkpoint | None
+    claim: Claim | None = None
+
+
+class Ledger:
+    """One connection pool per process and DSN; see :func:`get_ledger`."""
+
+    def __init__(self, dsn: str, *, max_size: int = 4, retries: int = 5, pool_timeout: float = 5.0):
+        self.dsn = dsn
+        self.retries = retries
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=pool_timeout,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": 5},
+            name="stormlake-ledger",
+        )
+        self._opened = False
+        self._open_lock = threading.Lock()
+
+    # ---- plumbing ---------------------------------------------------------------------
+    def _ensure_open(self) -> None:
+        if not self._opened:
+            with self._open_lock:
+                if not self._opened:
+                    self._pool.open(wait=False)
+                    self._opened = True
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+    def _run(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """Run ``fn(conn)`` in one transaction, retrying transient errors with backoff."""
+        self._ensure_open()
+        delay = 0.1
+        for attempt in range(1, self.retries + 1):
+            try:
+                with self._pool.connection() as conn, conn.transaction():
+                    return fn(conn)
+            except _TRANSIENT as exc:
+                if attempt == self.retries:
+                    raise LedgerUnavailable(
+                        f"ledger unreachable while trying to {what} ({exc.__class__.__name__}"
+                        f" after {attempt} tries); check that PostgreSQL is running, then run again"
+                    ) from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+            except psycopg.errors.IntegrityConstraintViolation as exc:
+                raise LedgerError(f"ledger refused to {what}: {exc.diag.message_primary or exc}") from exc
+            except psycopg.Error as exc:
+                raise LedgerError(f"ledger error while trying to {what}: {exc.__class__.__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    # ---- migrations -------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply pending numbered migrations, each in one transaction with its version row."""
+        files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+
+        def apply(conn: psycopg.Connection) -> list[int]:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            applied: list[int] = []
+            for path in files:
+                version = int(path.name[:3])
+                if version in done:
+                    continue
+                try:
+                    with conn.transaction():
+                        conn.execute(path.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+                        conn.execute(
+                            "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                            (version, path.name),
+                        )
+                except psycopg.Error as exc:
+                    if isinstance(exc, _TRANSIENT):
+                        raise
+                    raise MigrationError(f"migration {path.name} failed: {exc}") from exc
+                applied.append(version)
+            return applied
+
+        return self._run(apply, what="apply migrations")
+
+    def schema_version(self) -> int:
+        return self._run(
+            lambda c: c.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0],
+            what="read the schema version",
+        )
+
+    # ---- checkpoints ------------------------------------------------------------------
+    @staticmethod
+    def _head_txn(conn: psycopg.Connection, partition_key: str, phase: str, *, lock: bool) -> Checkpoint | None:
+        q = "SELECT * FROM checkpoints WHERE partition_key = %s AND phase = %s AND superseded_at IS NULL"
+        if lock:
+            q += " FOR UPDATE"
+        with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+            return cur.execute(q, (partition_key, phase)).fetchone()
+
+    def head(self, partition_key: str, phase: str) -> Checkpoint | None:
+        return self._run(lambda c: self._head_txn(c, partition_key, phase, lock=False), what="read a checkpoint")
+
+    def heads(self, partition_keys: list[str] | None = None) -> list[Checkpoint]:
+        def q(conn: psycopg.Connection) -> list[Checkpoint]:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                if partition_keys is None:
+                    return cur.execute(
+                        "SELECT * FROM checkpoints WHERE superseded_at IS NULL ORDER BY day, region_id, phase"
+                    ).fetchall()
+                return cur.execute(
+                    "SELECT * FROM checkpoints WHERE superseded_at IS NULL AND partition_key = ANY(%s)"
+                    " ORDER BY day, region_id, phase",
+                    (partition_keys,),
+                ).fetchall()
+
+        return self._run(q, what="read checkpoints")
+
+    @staticmethod
+    def _event_txn(conn: psycopg.Connection, cp: Checkpoint, status: str, run_id: str | None,
+                   detail: dict[str, Any] | None = None) -> None:
+        conn.execute(
+            "INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
+            " input_hash, seq, attempt, tier, run_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (cp.id, cp.partition_key, cp.region_id, cp.day, cp.phase, status, cp.input_hash, cp.seq,
+             cp.attempt, cp.tier, run_id, Jsonb(detail or {})),
+        )
+        conn.execute("SELECT pg_notify('stormlake_events', %s)", (f"{cp.partition_key}|{cp.phase}|{status}",))
+
+    def decide(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
+               schema_version: int, code_version: str, run_id: str | None, claim: bool) -> Decision:
+        """Skip when the head is COMPLETED for this input hash and schema version; else claim.
+
+        With ``claim=False`` only the skip test is made (a cheap look before taking the lease).
+        A skip is recorded as a SKIPPED event; the COMPLETED checkpoint itself is untouched.
+        """
+
+        def txn(conn: psycopg.Connection) -> Decision:
+            head = self._head_txn(conn, partition_key, phase, lock=claim)
+            if (head is not None and head.status == "COMPLETED" and head.input_hash == input_hash
+                    and head.schema_version == schema_version):
+                if claim:
+                    self._event_txn(conn, head, "SKIPPED", run_id)
+                return Decision(skip=True, head=head)
+            if not claim:
+                return Decision(skip=False, head=head)
+            seq = conn.execute("SELECT nextval('checkpoint_seq')").fetchone()[0]
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                if head is not None and head.input_hash == input_hash and head.schema_version == schema_version:
+                    # Same work, earlier attempt failed or died: take it over with a new token.
+                    cp = cur.execute(
+                        "UPDATE checkpoints SET status = 'PENDING', seq = %s, attempt = attempt + 1,"
+                        " run_id = %s, error_class = NULL, error_message = NULL, updated_at = now()"
+                        " WHERE id = %s RETURNING *",
+                        (seq, run_id, head.id),
+                    ).fetchone()
+                else:
+                    if head is not None:
+                        conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = %s", (head.id,))
+                    cp = cur.execute(
+                        "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
+                        " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
+                        " VALUES (%s,%s,%s,%s,%s,%s,'PENDING',%s,%s,%s,%s,%s) RETURNING *",
+                        (partition_key, region_id, day, phase, input_hash,
+                         idempotency_key(partition_key, phase, input_hash), schema_version, code_version,
+                         seq, seq, run_id),
+                    ).fetchone()
+            assert cp is not None
+            recorded = {
+                r[0]: r[1]
+                for r in conn.execute(
+                    "SELECT call_key, output FROM recorded_calls WHERE checkpoint_id = %s", (cp.id,)
+                )
+            }
+            self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
+            return Decision(skip=False, head=cp, claim=Claim(cp, recorded))
+
+        return self._run(txn, what=f"claim {phase} of {partition_key}")
+
+    def record_skip(self, head: Checkpoint, run_id: str | None) -> None:
+        """Record that a run found this COMPLETED checkpoint current and did no work."""
+        self._run(lambda c: self._event_txn(c, head, "SKIPPED", run_id), what="record a skip")
+
+    def record_call(self, claim: Claim, *, call_key: str, kind: str, name: str,
+                    input: dict[str, Any], output: dict[str, Any]) -> None:
+        """Record a completed outside call of this attempt (fenced by the attempt's seq)."""
+
+        def txn(conn: psycopg.Connection) -> None:
+            row = conn.execute(
+                "SELECT seq, status FROM checkpoints WHERE id = %s FOR SHARE", (claim.id,)
+            ).fetchone()
+            if row is None or row[0] != claim.seq or row[1] != "PENDING":
+                raise FencingError(
+                    f"attempt seq {claim.seq} of checkpoint {claim.id} lost its lease; not recording {kind} {name}"
+                )
+            conn.execute(
+                "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
+                " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (checkpoint_id, call_key)"
+                " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now()",
+                (claim.id, call_key, kind, name, Jsonb(input), Jsonb(output), claim.seq),
+            )
+
+        self._run(txn, what=f"record the call {kind} {name}")
+        claim.recorded[call_key] = output
+
+    def complete(self, claim: Claim, *, state_hash: str, summary: dict[str, Any], tier: int,
+                 tier_label: str, run_id: str | None) -> Checkpoint:
+        """Commit the checkpoint COMPLETED in one transaction (with its event and NOTIFY)."""
+
+        def txn(conn: psycopg.Connection) -> Checkpoint:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                cp = cur.execute(
+                    "UPDATE checkpoints SET status = 'COMPLETED', state_hash = %s, summary = %s,"
+                    " tier = %s, tier_label = %s, run_id = %s, completed_at = now(), updated_at = now(),"
+                    " calls = coalesce((SELECT jsonb_agg(jsonb_build_object('key', call_key, 'kind', kind,"
+                    "   'name', name, 'input', input, 'output', output, 'seq', seq) ORDER BY recorded_at, call_key)"
+                    "   FROM recorded_calls WHERE checkpoint_id = %s), '[]'::jsonb)"
+                    " WHERE id = %s AND seq = %s AND status = 'PENDING' AND superseded_at IS NULL RETURNING *",
+                    (state_hash, Jsonb(summary), tier, tier_label, run_id, claim.id, claim.id, claim.seq),
+                ).fetchone()
+            if cp is None:
+                raise FencingError(
+                    f"{claim.checkpoint.phase} of {claim.checkpoint.partition_key}: attempt seq {claim.seq}"
+                    " lost its lease to a newer attempt; its result is not committed"
+                )
+            self._event_txn(conn, cp, "COMPLETED", run_id, {"state_hash": state_hash})
+            return cp
+
+        return self._run(txn, what=f"commit the {claim.checkpoint.phase} checkpoint")
+
+    def fail(self, claim: Claim, *, error_class: str, error_message: str, run_id: str | None) -> bool:
+        """Record FAILED with the error; returns False when the attempt was already fenced off."""
+
+        def txn(conn: psycopg.Connection) -> bool:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                cp = cur.execute(
+                    "UPDATE checkpoints SET status = 'FAILED', error_class = %s, error_message = %s,"
+                    " run_id = %s, updated_at = now()"
+                    " WHERE id = %s AND seq = %s AND status = 'PENDING' RETURNING *",
+                    (error_class, error_message[:4000], run_id, claim.id, claim.seq),
+                ).fetchone()
+            if cp is None:
+                return False
+            self._event_txn(conn, cp, "FAILED", run_id, {"error_class": error_class})
+            return True
+
+        return self._run(txn, what=f"record the failure of {claim.checkpoint.phase}")
+
+    # ---- leases -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lease(self, partition_key: str, phase: str, *, timeout_s: float = 600.0,
+              on_wait: Callable[[float], None] | None = None) -> Iterator[None]:
+        """Hold the (partition, phase) lease: a session advisory lock on a dedicated connection.
+
+        The lock dies with the connection, so a process killed while holding it releases it
+        without an operator. Waiting polls, so a caller can show that it is waiting.
+        """
+        key = _lock_key("stormlake-lease", partition_key, phase)
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(
+                f"ledger unreachable while taking the lease for {phase} of {partition_key}"
+                f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
+            ) from exc
+        try:
+            start = time.monotonic()
+            delay = 0.05
+            while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                waited = time.monotonic() - start
+                if waited > timeout_s:
+                    raise LeaseTimeout(f"lease for {phase} of {partition_key} not granted within {timeout_s:.0f} s")
+                if on_wait:
+                    on_wait(waited)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 1.5, 1.0)
+            yield
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"ledger connection lost while holding the lease for {phase} of {partition_key}") from exc
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()  # closing the session releases the advisory lock
+
+    # ---- receipts ---------------------------------------------------------------------
+    def prepare_receipt(self, *, artifact_id: str, target: str, partition_key: str, region_id: str, day: str,
+                        kind: str, content_hash: str, size_bytes: int, target_ref: str,
+                        checkpoint_id: int | None) -> Receipt:
+        """Insert the receipt PENDING (committed before any side effect) or return the existing one.
+
+        ``supersedes`` names the last DELIVERED revision of the same (region, day, kind, target).
+        """
+
+        def txn(conn: psycopg.Connection) -> Receipt:
+            with conn.cursor(row_factory=class_row(Receipt)) as cur:
+                existing = cur.execute(
+                    "SELECT * FROM receipts WHERE artifact_id = %s AND target = %s", (artifact_id, target)
+                ).fetchone()
+                if existing is not None:
+                    return existing
+                prev = conn.execute(
+                    "SELECT artifact_id FROM receipts WHERE region_id = %s AND day = %s AND kind = %s"
+                    " AND target = %s AND status = 'DELIVERED' AND artifact_id <> %s"
+                    " ORDER BY delivered_at DESC LIMIT 1",
+                    (region_id, day, kind, target, artifact_id),
+                ).fetchone()
+                rec = cur.execute(
+                    "INSERT INTO receipts (artifact_id, target, partition_key, region_id, day, kind, content_hash,"
+                    " size_bytes, target_ref, status, supersedes, checkpoint_id)"
+                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,'PENDING',%s,%s)"
+                    " ON CONFLICT (artifact_id, target) DO NOTHING RETURNING *",
+                    (artifact_id, target, partition_key, region_id, day, kind, content_hash, size_bytes,
+                     target_ref, prev[0] if prev else None, checkpoint_id),
+                ).fetchone()
+                if rec is None:  # inserted concurrently by another attempt
+                    rec = cur.execute(
+                        "SELECT * FROM receipts WHERE artifact_id = %s AND target = %s", (artifact_id, target)
+                    ).fetchone()
+                assert rec is not None
+                return rec
+
+        return self._run(txn, what=f"record the receipt of {artifact_id}")
+
+    def note_delivery_attempt(self, artifact_id: str, target: str, error: str | None) -> None:
+        self._run(
+            lambda c: c.execute(
+                "UPDATE receipts SET attempts = attempts + 1, last_error = %s WHERE artifact_id = %s AND target = %s",
+                (error, artifact_id, target),
+            ),
+            what=f"note a delivery attempt of {artifact_id}",
+        )
+
+    def mark_delivered(self, artifact_id: str, target: str, response: dict[str, Any]) -> None:
+        self._run(
+            lambda c: c.execute(
+                "UPDATE receipts SET status = 'DELIVERED', delivered_at = coalesce(delivered_at, now()),"
+                " response = %s, last_error = NULL WHERE artifact_id = %s AND target = %s",
+                (Jsonb(response), artifact_id, target),
+            ),
+            what=f"mark {artifact_id} delivered",
+        )
+
+    def receipts(self, *, partition_key: str | None = None) -> list[Receipt]:
+        def q(conn: psycopg.Connection) -> list[Receipt]:
+            with conn.cursor(row_factory=class_row(Receipt)) as cur:
+                if partition_key is None:
+                    return cur.execute("SELECT * FROM receipts ORDER BY day, region_id, created_at, kind, target").fetchall()
+                return cur.execute(
+                    "SELECT * FROM receipts WHERE partition_key = %s ORDER BY created_at, kind, target",
+                    (partition_key,),
+                ).fetchall()
+
+        return self._run(q, what="read receipts")
+
+    # ---- events, status, pruning ------------------------------------------------------
+    def events_since(self, after_event_id: int, *, limit: int = 500) -> list[Event]:
+        def q(conn: psycopg.Connection) -> list[Event]:
+            with conn.cursor(row_factory=class_row(Event)) as cur:
+                return cur.execute(
+                    "SELECT * FROM checkpoint_events WHERE event_id > %s ORDER BY event_id LIMIT %s",
+                    (after_event_id, limit),
+                ).fetchall()
+
+        return self._run(q, what="read checkpoint events")
+
+    def attempt_counts(self) -> dict[tuple[str, str], int]:
+        """(partition_key, phase) -> attempt count of the head checkpoint."""
+        rows = self._run(
+            lambda c: c.execute(
+                "SELECT partition_key, phase, attempt FROM checkpoints WHERE superseded_at IS NULL"
+            ).fetchall(),
+            what="read attempt counts",
+        )
+        return {(r[0], r[1]): r[2] for r in rows}
+
+    def query(self, statement: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Run a read-only parametrized query (used by status, report and tests)."""
+
+        def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+        return self._run(q, what="read the ledger")
+
+    def prune(self, *, older_than_days: int, keep_days_from: str | None) -> dict[str, int]:
+        """Delete history older than the window: superseded checkpoints and old events.
+
+        Never deletes a head checkpoint, and never a receipt (or the checkpoint it names) whose
+        day is on or after ``keep_days_from`` (the start of the backfill window).
+        """
+
+        def txn(conn: psycopg.Connection) -> dict[str, int]:
+            cutoff = f"{int(older_than_days)} days"
+            ev = conn.execute(
+                "DELETE FROM checkpoint_events WHERE at < now() - %s::interval", (cutoff,)
+            ).rowcount
+            cp = conn.execute(
+                "DELETE FROM checkpoints WHERE superseded_at IS NOT NULL AND superseded_at < now() - %s::interval"
+                " AND (%s::text IS NULL OR day < %s::text)",
+                (cutoff, keep_days_from, keep_days_from),
+            ).rowcount
+            rc = conn.execute(
+                "DELETE FROM receipts r WHERE r.created_at < now() - %s::interval"
+                " AND (%s::text IS NULL OR r.day < %s::text)"
+                " AND EXISTS (SELECT 1 FROM receipts n WHERE n.supersedes = r.artifact_id AND n.target = r.target"
+                "             AND n.status = 'DELIVERED')",
+                (cutoff, keep_days_from, keep_days_from),
+            ).rowcount
+            return {"events": ev, "checkpoints": cp, "receipts": rc}
+
+        return self._run(txn, what="prune ledger history")
+
+
+_LEDGERS: dict[tuple[int, str], Ledger] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def get_ledger(dsn: str) -> Ledger:
+    """The process-wide ledger for ``dsn`` (one pool per process), migrated on first use."""
+    key = (os.getpid(), dsn)
+    with _LEDGERS_LOCK:
+        ledger = _LEDGERS.get(key)
+        if ledger is None:
+            ledger = Ledger(dsn)
+            ledger.migrate()
+            _LEDGERS[key] = ledger
+        return ledger
+
+
+def redact(dsn: str) -> str:
+    """The DSN with any password masked, for messages."""
+    return re.sub(r"(password=)\S+|(:)[^:@/]+(@)", lambda m: (m.group(1) or m.group(2)) + "***" + (m.group(3) or ""), dsn)
+
+
+# ---- Dagster resource --------------------------------------------------------------------
+import dagster as dg  # noqa: E402
+
+
+class LedgerResource(dg.ConfigurableResource):
+    """The ledger as a Dagster resource: ``dsn`` empty means the embedded server in ``pgdata``."""
+
+    dsn: str = ""
+    pgdata: str = ""
+
+    def get(self) -> Ledger:
+        from resources.pgserver import resolve_dsns
+
+        if self.dsn:
+            return get_ledger(self.dsn)
+        ledger_dsn, _ = resolve_dsns(None, Path(self.pgdata))
+        return get_ledger(ledger_dsn)

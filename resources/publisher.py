@@ -1,0 +1,179 @@
+"""Delivery targets of the present phase (contract section 6): the filesystem and a webhook.
+
+A target only performs the side effect; the runner wraps every delivery in a receipt
+(PENDING committed before, DELIVERED after), so a target may be asked to deliver the same
+artifact again after a crash, always under the same artifact id and ``Idempotency-Key``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import random
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from resources.errors import DeliveryExhausted, DeliveryRejected
+
+CONTENT_TYPES = {
+    "summary.json": "application/json",
+    "clusters.geojson": "application/geo+json",
+    "report.html": "text/html; charset=utf-8",
+}
+KINDS = tuple(CONTENT_TYPES)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    region_id: str
+    day: str
+    kind: str
+    data: bytes
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def artifact_id(self) -> str:
+        return f"{self.region_id}/{self.day}/{self.kind}@{self.content_hash[:16]}"
+
+    @property
+    def content_type(self) -> str:
+        return CONTENT_TYPES[self.kind]
+
+
+class Target(Protocol):
+    name: str
+
+    def ref(self, artifact: Artifact) -> str: ...
+
+    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]: ...
+
+
+class FileTarget:
+    """Writes ``<publish_dir>/<region>/<day>/<kind>``: temp name, fsync, rename, fsync dir."""
+
+    name = "file"
+
+    def __init__(self, publish_dir: Path):
+        self.publish_dir = publish_dir
+
+    def ref(self, artifact: Artifact) -> str:
+        return str(self.publish_dir / artifact.region_id / artifact.day / artifact.kind)
+
+    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]:
+        final = Path(self.ref(artifact))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.{artifact.content_hash[:16]}.tmp")
+        with tmp.open("wb") as fh:
+            fh.write(artifact.data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return {"path": str(final), "bytes": len(artifact.data)}
+
+
+class WebhookTarget:
+    """POSTs each artifact with the contract's headers; retries 5xx, 429 and timeouts."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, max_tries: int = 5, backoff_s: float = 0.5):
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_tries = max(1, max_tries)
+        self.backoff_s = backoff_s
+
+    def ref(self, artifact: Artifact) -> str:
+        return self.url
+
+    def headers(self, artifact: Artifact, supersedes: str | None) -> dict[str, str]:
+        h = {
+            "Content-Type": artifact.content_type,
+            "Idempotency-Key": artifact.artifact_id,
+            "X-Stormlake-Artifact-Id": artifact.artifact_id,
+            "X-Stormlake-Region": artifact.region_id,
+            "X-Stormlake-Day": artifact.day,
+            "X-Stormlake-Kind": artifact.kind,
+            "X-Stormlake-Content-SHA256": artifact.content_hash,
+        }
+        if supersedes:
+            h["X-Stormlake-Supersedes"] = supersedes
+        return h
+
+    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]:
+        headers = self.headers(artifact, supersedes)
+        last = ""
+        for attempt in range(1, self.max_tries + 1):
+            req = urllib.request.Request(self.url, data=artifact.data, headers=headers, method="POST")
+            retry_after: float | None = None
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    resp.read()
+                    return {"status": resp.status, "tries": attempt}
+            except urllib.error.HTTPError as exc:
+                code = exc.code
+                exc.close()
+                if code == 409:  # the consumer already has this artifact id
+                    return {"status": 409, "tries": attempt}
+                if code == 429 or 500 <= code <= 599:
+                    last = f"HTTP {code}"
+                    ra = exc.headers.get("Retry-After") if exc.headers else None
+                    if ra and ra.strip().isdigit():
+                        retry_after = min(float(ra), 30.0)
+                else:
+                    raise DeliveryRejected(
+                        f"webhook {self.url} answered HTTP {code} for {artifact.artifact_id}; not retried"
+                    ) from None
+            except TimeoutError:
+                last = f"timed out after {self.timeout_s:g} s"
+            except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if isinstance(reason, (TimeoutError, socket.timeout)):
+                    last = f"timed out after {self.timeout_s:g} s"
+                else:
+                    last = f"{reason.__class__.__name__}: {reason}"
+            if attempt < self.max_tries:
+                delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+                time.sleep(retry_after if retry_after is not None else delay)
+        raise DeliveryExhausted(
+            f"webhook {self.url} did not accept {artifact.artifact_id} after {self.max_tries} tries ({last})"
+        )
+
+
+def build_targets(publish_dir: Path, webhook_url: str | None, *, timeout_s: float = 10.0,
+                  max_tries: int = 5, backoff_s: float = 0.5) -> list[Target]:
+    targets: list[Target] = [FileTarget(publish_dir)]
+    if webhook_url:
+        targets.append(WebhookTarget(webhook_url, timeout_s=timeout_s, max_tries=max_tries, backoff_s=backoff_s))
+    return targets
+
+
+# ---- Dagster resource --------------------------------------------------------------------
+import dagster as dg  # noqa: E402
+
+
+class PublisherResource(dg.ConfigurableResource):
+    """Delivery targets: the publish directory, and the webhook when its URL is set."""
+
+    publish_dir: str
+    webhook_url: str = ""
+    webhook_timeout_s: float = 10.0
+    webhook_tries: int = 5
+    webhook_backoff_s: float = 0.5
+
+    def targets(self) -> list[Target]:
+        return build_targets(Path(self.publish_dir), self.webhook_url or None, timeout_s=self.webhook_timeout_s,
+                             max_tries=self.webhook_tries, backoff_s=self.webhook_backoff_s)

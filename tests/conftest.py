@@ -1,0 +1,94 @@
+"""Shared fixtures: a real PostgreSQL (the one at STORMLAKE_TEST_PG_DSN, or an embedded server
+started for the session), a fresh database per test, and isolated STORMLAKE_HOME folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from resources.pgserver import with_database
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn() -> Iterator[str]:
+    """A DSN with the right to create databases: the external server, or an embedded one."""
+    external = os.environ.get("STORMLAKE_TEST_PG_DSN")
+    if external:
+        yield external
+        return
+    from resources.pgserver import _server
+
+    base = Path(tempfile.mkdtemp(prefix="stormlake-test-pg-"))
+    server = _server(base / "pg")
+    try:
+        yield server.get_uri(database="postgres")
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
+    """A fresh, empty database for one test, dropped afterwards."""
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield with_database(pg_admin_dsn, name)
+    from resources import ledger as ledger_mod
+
+    for key, led in list(ledger_mod._LEDGERS.items()):
+        if key[1].endswith(name) or f"dbname={name}" in key[1]:
+            led.close()
+            ledger_mod._LEDGERS.pop(key, None)
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def ledger(pg_dsn: str):
+    from resources.ledger import Ledger
+
+    led = Ledger(pg_dsn)
+    led.migrate()
+    yield led
+    led.close()
+
+
+@pytest.fixture(scope="session")
+def sample_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small generated scenario (2 regions x 2 days, 3,000 outage rows each), made once."""
+    from pipeline.generate import generate_scenario
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    root = tmp_path_factory.mktemp("sample") / "landing"
+    generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:2], days=2, start="2026-09-01",
+                      rows_per_partition=3000, seed=7)
+    return root
+
+
+@pytest.fixture
+def sl_env(tmp_path: Path, pg_dsn: str, sample_landing: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An isolated STORMLAKE_HOME with the sample landing zone and a fresh ledger database."""
+    home = tmp_path / "home"
+    shutil.copytree(sample_landing, home / "landing")
+    env = {
+        "STORMLAKE_HOME": str(home),
+        "STORMLAKE_PG_DSN": pg_dsn,
+        "DAGSTER_HOME": str(home / "dagster"),
+    }
+    for k in ("STORMLAKE_LANDING", "STORMLAKE_LAKE", "STORMLAKE_PUBLISH_DIR", "STORMLAKE_WEBHOOK_URL",
+              "STORMLAKE_FAULTS", "STORMLAKE_REGIONS"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
