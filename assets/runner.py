@@ -193,6 +193,26 @@ class PhaseRunner:
         return _hash_json(basis), basis
 
     # ---- the protocol ------------------------------------------------------------------
+    def preflight(self, part: PartitionRef) -> bool:
+        """Whether every phase of the partition would skip; if so, record the skips.
+
+        Lets a caller (the CLI, the sensors) avoid launching a run that can only skip. Uses the
+        same input hashes as :meth:`run`, so it never disagrees with what a run would decide.
+        """
+        from assets.phases import PHASES
+
+        heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
+        for phase in PHASES:
+            cp = heads.get(phase.name)
+            if cp is None or cp.status != "COMPLETED" or cp.schema_version != phase.schema_version:
+                return False
+            ih, _ = self.input_hash(phase, part, {name: heads[name] for name in phase.reads})
+            if ih != cp.input_hash:
+                return False
+        for phase in PHASES:
+            self.ledger.record_skip(heads[phase.name], self.run_id)
+        return True
+
     def run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None = None) -> Outcome:
         ups = self.upstream(phase, part)
         ih, basis = self.input_hash(phase, part, ups)

@@ -305,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -111,19 +111,31 @@ class Progress:
         self.stream.flush()
 
 
-def run_partitions(keys: list[str], *, progress: Progress | None = None,
+def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
                    on_result: Callable[[PartitionRun], None] | None = None) -> list[PartitionRun]:
-    """Run each partition key through ``storm_job``, in order, in this process."""
-    from pipeline.definitions import defs
+    """Run each partition key through ``storm_job``, in order, in this process.
+
+    With ``preflight`` (the default), a partition whose every phase would skip launches no run.
+    """
+    from assets.materialize import build_runner
+    from assets.runner import PartitionRef
+    from pipeline.definitions import build_resources, defs
     from pipeline.jobs import STORM_JOB
 
     job = defs.resolve_job_def(STORM_JOB)
+    runner = build_runner(None, **build_resources())  # type: ignore[arg-type]
     runs: list[PartitionRun] = []
     with dg.DagsterInstance.get() as instance:
         for key in keys:
             if progress:
                 progress.starting(key)
-            run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
+            start = time.monotonic()
+            if preflight and runner.preflight(PartitionRef.parse(key, runner.regions)):
+                # Every phase is already done for these inputs: no run to launch.
+                run = PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
+                                   phases={p.name: "SKIPPED" for p in PHASES})
+            else:
+                run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
             runs.append(run)
             if progress:
                 progress.finished(run)

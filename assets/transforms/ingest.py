@@ -383,30 +383,26 @@ def _is_res7(cell: str) -> bool:
 
 
 def _day_bounds(day: str) -> tuple[int, int]:
-    """[day 00:00Z, next day 00:00Z) in microseconds since the epoch."""
-    try:
-        date = dt.date.fromisoformat(day)
-    except ValueError:
-        raise ValueError(f"day must be YYYY-MM-DD, got {day!r}") from None
-    lo = (date - dt.date(1970, 1, 1)).days * 86_400_000_000
+    """[day 00:00Z, next day 00:00Z) in microseconds since the epoch; ValueError for a bad day."""
+    lo = (dt.date.fromisoformat(day) - dt.date(1970, 1, 1)).days * 86_400_000_000
     return lo, lo + 86_400_000_000
 
 
 def _table(schema: pa.Schema, region: Region, day: str, n: int, columns: dict[str, pa.Array]) -> pa.Table:
-    arrays = []
-    for f in schema:
-        if f.name in ("region_id", "day"):
-            arrays.append(pa.repeat(pa.scalar(region.region_id if f.name == "region_id" else day), n))
-        else:
-            arrays.append(columns[f.name].cast(f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    columns = {**columns, "region_id": pa.repeat(region.region_id, n), "day": pa.repeat(day, n)}
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def _start(path: Path, rel: str, columns: Sequence[str], day: str) -> tuple[_Parsed, _Judge]:
+    _day_bounds(day)  # a bad day is the caller's bug: fail before reading anything
+    parsed = _read(Path(path), rel, columns)
+    return parsed, _Judge(parsed)
 
 
 def validate_outages(path: Path, rel: str, region: Region, day: str) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge one ``outages.csv``; returns (OUTAGES_RAW rows, QUARANTINE rows, report)."""
-    _day_bounds(day)
-    p = _read(Path(path), rel, OUTAGES_COLUMNS)
-    j, ids = _Judge(p), p.cols["event_id"]
+    p, j = _start(path, rel, OUTAGES_COLUMNS, day)
+    ids = p.cols["event_id"]
     j.check_nonempty("event_id")
     codes = ids.dictionary_encode().indices.to_numpy().astype(np.int64)
     # Codes are handed out in order of first appearance, so a new running maximum marks the
@@ -434,9 +430,7 @@ def validate_outages(path: Path, rel: str, region: Region, day: str) -> tuple[pa
 
 def validate_weather(path: Path, rel: str, region: Region, day: str) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge one ``weather.csv``; returns (WEATHER_RAW rows, QUARANTINE rows, report)."""
-    _day_bounds(day)
-    p = _read(Path(path), rel, WEATHER_COLUMNS)
-    j = _Judge(p)
+    p, j = _start(path, rel, WEATHER_COLUMNS, day)
     j.check_nonempty("station_id")
     j.check_region(region)
     observed = j.check_time("observed_at", day)
@@ -451,9 +445,7 @@ def validate_customers(
     path: Path, rel: str, region: Region, day: str, *, known_regions: Collection[str] = ()
 ) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge the shared ``reference/customers.csv`` for one region; returns CUSTOMERS_REF rows."""
-    _day_bounds(day)
-    p = _read(Path(path), rel, CUSTOMERS_COLUMNS)
-    j = _Judge(p)
+    p, j = _start(path, rel, CUSTOMERS_COLUMNS, day)
     j.route_regions(region.region_id, known_regions)
     cells = j.check_cell()
     j.check_nonempty("feeder_id")
@@ -466,9 +458,7 @@ def validate_terrain(
     path: Path, rel: str, region: Region, day: str, *, known_regions: Collection[str] = ()
 ) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge the shared ``reference/terrain.csv`` for one region; returns TERRAIN_REF rows."""
-    _day_bounds(day)
-    p = _read(Path(path), rel, TERRAIN_COLUMNS)
-    j = _Judge(p)
+    p, j = _start(path, rel, TERRAIN_COLUMNS, day)
     j.route_regions(region.region_id, known_regions)
     cells = j.check_cell()
     elevation = _floats(p.cols["elevation_m"])
