@@ -122,6 +122,9 @@ def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
           f"{delivered} artifact deliveries")
     for r in failed:
         print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+    if len(runs) < len(keys):
+        print(f"stormlake: stopped after {len(runs)} of {len(keys)} partitions because the ledger is unreachable;"
+              " run the same command again when PostgreSQL is back", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -15,9 +15,22 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from assets.phases import PHASES
+from resources.errors import LedgerUnavailable
 
 ASSET_PHASE = {p.asset: p.name for p in PHASES}
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:
+# later partitions would fail the same way, so a backfill stops at the first one.
+DB_DOWN_CLASSES = {"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"}
+
+
+def _db_down(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if seen.__class__.__name__ in DB_DOWN_CLASSES:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass
@@ -29,6 +42,11 @@ class PartitionRun:
     phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
     delivered: list[str] = field(default_factory=list)
     error: str | None = None
+    error_class: str | None = None
+
+    @property
+    def ledger_down(self) -> bool:
+        return self.error_class in DB_DOWN_CLASSES
 
 
 def _failure_message(event: dg.DagsterEvent) -> str:
@@ -66,6 +84,12 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
             phase = ASSET_PHASE.get(step.split(".")[0], step)
             run.phases[phase] = "FAILED"
             run.error = run.error or _failure_message(event)
+            data = event.step_failure_data
+            if run.error_class is None and data is not None and data.error is not None:
+                err = data.error
+                while err.cause is not None and err.cls_name == "DagsterExecutionStepExecutionError":
+                    err = err.cause
+                run.error_class = err.cls_name
     if not result.success and run.error is None:
         run.error = "run failed (see the run in the Dagster UI)"
     run.seconds = time.monotonic() - start
@@ -125,7 +149,15 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     job = defs.resolve_job_def(STORM_JOB)
     runner = build_runner(None, **build_resources())  # type: ignore[arg-type]
     runs: list[PartitionRun] = []
-    with dg.DagsterInstance.get() as instance:
+    try:
+        instance = dg.DagsterInstance.get()
+    except Exception as exc:
+        if _db_down(exc):
+            raise LedgerUnavailable(
+                "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
+            ) from exc
+        raise
+    with instance:
         for key in keys:
             if progress:
                 progress.starting(key)
@@ -135,12 +167,22 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
                 run = PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
                                    phases={p.name: "SKIPPED" for p in PHASES})
             else:
-                run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
+                try:
+                    run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
+                except Exception as exc:  # Dagster's storage failing under the run
+                    if not _db_down(exc):
+                        raise
+                    run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
+                                       error="PostgreSQL unreachable (ledger and Dagster storage); "
+                                             "start it again, then re-run the same command to resume",
+                                       error_class="LedgerUnavailable")
             runs.append(run)
             if progress:
                 progress.finished(run)
             if on_result:
                 on_result(run)
+            if run.ledger_down:
+                break  # every later partition would fail the same way
     if progress:
         progress.close()
     return runs

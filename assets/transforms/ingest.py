@@ -109,6 +109,8 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
         raise InputFileError(rel, "file not found") from None
     except OSError as exc:
         raise InputFileError(rel, f"cannot be read ({exc.strerror or exc.__class__.__name__})") from None
+    if not data:
+        raise InputFileError(rel, "empty file (no header row)")
     nul = data.find(b"\x00")
     if nul >= 0:  # text never holds NUL; this catches gzip, parquet, images, ...
         raise InputFileError(rel, "not a CSV text file (binary data)", line=data.count(b"\n", 0, nul) + 1)
@@ -122,10 +124,7 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     starts = np.concatenate(([bom], newlines + 1)).astype(np.int64)
     ends = np.concatenate((newlines, [len(data)])).astype(np.int64)  # exclusive, before "\n"
-    nonempty = ends > starts
-    crlf = np.zeros(len(ends), dtype=bool)
-    crlf[nonempty] = arr[ends[nonempty] - 1] == 13
-    ends -= crlf
+    ends -= (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)  # the CR of CRLF is not text
     n = len(starts)
     while n and not data[starts[n - 1] : ends[n - 1]].strip():  # trailing blank lines are not rows
         n -= 1
@@ -145,7 +144,7 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     extra = tuple(h for h in header if h not in required)
 
     ds, de = starts[1:n], ends[1:n]
-    nfields, problems = _structure(data, arr, ds, de)
+    nfields, problems = _structure(data, arr, starts[:n], ends[:n])
     empty = de == ds  # empty lines are not rows
     wrong = np.flatnonzero((nfields != len(header)) & ~empty)
     for i in wrong:
@@ -192,42 +191,50 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     return _Parsed(rel, cols, sound_idx + 2, bad, int((~empty).sum()), extra, raw)
 
 
-def _structure(data: bytes, arr: np.ndarray, ds: np.ndarray, de: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Count the fields of every data line; return (counts, {line index: structural problem}).
+def _structure(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Count the fields of every data line; return (counts, {data line index: structural problem}).
 
-    Vectorized: fields = commas + 1 - commas inside quotes. While every quote opens a field,
-    closes one or is half of an escaped ``""`` (RFC 4180), quote pairs bound the quoted spans;
-    only lines breaking that shape go through the csv module (rare).
+    Vectorized: fields = commas + 1 - commas inside quotes, where "inside" is an odd running
+    count of quotes (one pass over the bytes). That equals RFC 4180 parsing while every quote
+    opens a field, closes one or is half of an escaped ``""``; only lines breaking that shape
+    are re-counted by the csv module (rare).
     """
+    ds, de = starts[1:], ends[1:]
     problems: dict[int, str] = {}
     commas = np.flatnonzero(arr == 44)
     nfields = np.searchsorted(commas, de) - np.searchsorted(commas, ds) + 1
+    if not len(ds):
+        return nfields, problems
 
-    def located(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # positions on data lines, line index
-        idx = np.searchsorted(ds, pos, side="right") - 1
-        keep = (idx >= 0) & (pos < de[np.maximum(idx, 0)]) if len(ds) else np.zeros(len(pos), bool)
-        return pos[keep], idx[keep]
+    def line_of(pos: np.ndarray) -> np.ndarray:  # data-line index of positions on data lines
+        return np.unique(np.searchsorted(ds, pos, side="right") - 1)
 
-    for i in np.unique(located(np.flatnonzero(arr == 13))[1]):  # a CR that is not part of CRLF
+    cr = np.flatnonzero(arr[ds[0] : de[-1]] == 13) + ds[0]
+    for i in line_of(cr[arr[cr + 1] != 10]):  # a CR that is not part of CRLF
         problems[int(i)] = "line contains a bare carriage return"
-    q, ql = located(np.flatnonzero(arr == 34))
+    quote = arr == 34
+    q = np.flatnonzero(quote[ds[0] : de[-1]]) + ds[0]
     if not q.size:
         return nfields, problems
-    rank = np.arange(q.size) - np.searchsorted(ql, ql)  # the quote's position within its line
-    odd = np.bincount(ql, minlength=len(ds)) % 2 == 1
+    inside = np.bitwise_xor.accumulate(quote.view(np.uint8))
+    flips = inside[np.maximum(ends - 1, 0)] ^ inside[np.maximum(starts - 1, 0)]  # odd quotes on the line
+    if starts[0] == 0:  # the header has no byte before it: inside[0] already counted its quote
+        flips[0] ^= quote[0]
+    if flips.any():  # close every unbalanced line at its end so the next line starts outside quotes
+        quote = quote.copy()
+        quote[ends[flips.astype(bool) & (ends < arr.size)]] ^= True
+        inside = np.bitwise_xor.accumulate(quote.view(np.uint8))
+    odd = flips[1:].astype(bool)
+    quoted = commas[(inside[commas] == 1) & (commas >= ds[0]) & (commas < de[-1])]
+    nfields -= np.bincount(np.searchsorted(ds, quoted, side="right") - 1, minlength=len(ds))
     prev, nxt = arr[q - 1], arr[np.minimum(q + 1, arr.size - 1)]
-    at_start, at_end, opening = q == ds[ql], q + 1 == de[ql], rank % 2 == 0
-    shaped = np.where(opening, at_start | (prev == 44) | ((prev == 34) & (rank > 0)),
-                      at_end | (nxt == 44) | ((nxt == 34) & ~at_end))
-    paired = ~odd[ql]
-    opens, closes = q[opening & paired], q[~opening & paired]
-    if opens.size:
-        j = np.searchsorted(opens, commas, side="right") - 1
-        inside = commas[(j >= 0) & (commas < closes[np.maximum(j, 0)])]
-        nfields -= np.bincount(located(inside)[1], minlength=len(ds))
+    shaped = np.where(inside[q] == 1, (prev == 44) | (prev == 10) | (prev == 34),
+                      (nxt == 44) | (nxt == 10) | (nxt == 13) | (nxt == 34) | (q + 1 == arr.size))
     for i in np.flatnonzero(odd):
         problems.setdefault(int(i), "unbalanced quotes (a quoted value spanning lines is not supported)")
-    for i in np.unique(ql[~shaped & paired]):
+    for i in line_of(q[~shaped]):
+        if odd[i]:
+            continue
         try:
             nfields[i] = len(next(csv.reader([data[ds[i] : de[i]].decode("utf-8")], strict=True)))
         except csv.Error as exc:
@@ -249,11 +256,6 @@ def _floats(arr: pa.Array) -> np.ndarray:
     return pc.cast(pc.if_else(pa.array(ok), arr, None), pa.float64()).to_numpy(zero_copy_only=False)
 
 
-def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    ok = _matches(arr, _INT_RE)
-    return ok, pc.fill_null(pc.cast(pc.if_else(pa.array(ok), arr, None), pa.int64()), 0).to_numpy()
-
-
 def _timestamps(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Return (naive, parsed, values): values are UTC timestamps, null where not parsed."""
     shaped = _matches(arr, _TS_RE)
@@ -266,10 +268,6 @@ def _timestamps(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         parsed = pd.to_datetime(candidates.to_pandas(), format="ISO8601", utc=True, errors="coerce")
         values = pa.Array.from_pandas(parsed).cast(TS, safe=False)
     return _matches(arr, _NAIVE_RE), _np(pc.is_valid(values)), values
-
-
-def _micros(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values.cast(pa.int64()), 0).to_numpy()
 
 
 _Got = Callable[[np.ndarray], list[str]]
@@ -329,14 +327,14 @@ class _Judge:
                    + (" or empty" if optional else ""))
         if not optional:
             lo, hi = _day_bounds(day)
-            us = _micros(values)
+            us = pc.fill_null(values.cast(pa.int64()), 0).to_numpy()
             self.check(field, (us >= lo) & (us < hi), f"{field} must be inside the partition's UTC day {day}")
         return values
 
     def check_int(self, field: str) -> np.ndarray:
-        ok, v = _ints(self.p.cols[field])
+        ok = _matches(self.p.cols[field], _INT_RE)
         self.check(field, ok, f"{field} must be an integer >= 0")
-        return v
+        return pc.fill_null(pc.cast(pc.if_else(pa.array(ok), self.p.cols[field], None), pa.int64()), 0).to_numpy()
 
     def check_cell(self) -> pa.Array:
         cells = pc.utf8_lower(self.p.cols["cell_id"])

@@ -228,6 +228,20 @@ def test_reordered_and_extra_columns(tmp_path: Path) -> None:
     assert accepted.schema.equals(schemas.OUTAGES_RAW)
 
 
+def test_quoted_header_with_odd_quotes_does_not_shift_parsing(tmp_path: Path) -> None:
+    # A literal quote in a header name (odd count) must not make later lines look quoted.
+    header = 'notes, misc,' + ",".join(OUT_HEADER) + ',x"y'
+    rows = [f'"a, b",{",".join(outage(1, cause="tree, limb").values())},1',
+            f'c,{",".join(outage(2).values())},2']
+    text = '"' + header.replace("notes, misc,", 'notes, misc",') + "\n" + "\n".join(rows) + "\n"
+    text = text.replace("tree, limb", '"tree, limb"')
+    path = write(tmp_path / "o.csv", text)
+    accepted, quarantine, report = validate_outages(path, "o.csv", GULF, DAY)
+    assert quarantine.num_rows == 0, quarantine.to_pylist()
+    assert report.extra_columns == ("notes, misc", 'x"y')
+    assert accepted.column("cause").to_pylist() == ["tree, limb", "wind"]
+
+
 def test_quoted_commas_and_escaped_quotes(tmp_path: Path) -> None:
     rows = [outage(1, cause="tree, limb"), outage(2, cause='said "hi", then left'), outage(3, event_id="e,3")]
     path = write(tmp_path / "o.csv", csv_text(OUT_HEADER, rows))
