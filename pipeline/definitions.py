@@ -4,6 +4,10 @@
 ``dg launch`` all load ``defs`` from here. Settings come from the environment (contract
 section 1); the ledger DSN and the webhook URL are read through ``dg.EnvVar`` so they are never
 shown in the UI or logged.
+
+The daily schedule and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
+registered STOPPED: nothing launches on its own until an operator turns it on in the UI
+(Automation) or with ``dagster schedule start`` / ``dagster sensor start``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from assets.enrich import enriched_outages
 from assets.ingest import ingested_batch
 from assets.present import operational_picture
 from pipeline.jobs import storm_job
+from pipeline.schedules import SCHEDULES
+from pipeline.sensors import SENSORS
 from resources.lake import LakeResource
 from resources.landing import LandingResource
 from resources.ledger import LedgerResource
@@ -43,5 +49,7 @@ PHASE_ASSETS = [ingested_batch, enriched_outages, storm_correlation, operational
 defs = dg.Definitions(
     assets=PHASE_ASSETS,
     jobs=[storm_job],
+    schedules=SCHEDULES,
+    sensors=SENSORS,
     resources=build_resources(),
 )

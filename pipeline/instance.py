@@ -1,9 +1,21 @@
 """The Dagster instance stormlake runs in: ``$DAGSTER_HOME/dagster.yaml`` on PostgreSQL.
 
-Run, event-log and schedule storage live in their own database (``dagster``) on the same
-server as the ledger. Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most
-``MAX_BACKFILL_RUNS`` of them from backfills), every phase writes through a concurrency pool
-of its own, and crashed runs are retried (safe: every phase is idempotent).
+Run, event-log and schedule storage live on the same PostgreSQL server as the ledger:
+
+- with the embedded server (``STORMLAKE_PG_DSN`` unset), in a database of their own
+  (``dagster``) next to the ledger's (``stormlake``); the server belongs to one
+  ``STORMLAKE_HOME``, so nothing else shares it;
+- with ``STORMLAKE_PG_DSN`` set, in the ledger's own database (Dagster's tables -- ``runs``,
+  ``event_logs``, ``jobs``, ``instigators``, ... -- do not collide with the ledger's). One DSN
+  is then one whole stormlake world: two deployments (or two test runs) on one server with
+  different ledger databases never see each other's runs, backfills or sensor cursors, and no
+  CREATEDB right is needed.
+
+Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``MAX_BACKFILL_RUNS`` of them
+from backfills), every phase writes through a concurrency pool of its own, and runs whose
+worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
+not retried by the daemon: transient step errors already have the assets' retry policy, and a
+failed grader or bad input would only fail again.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from pathlib import Path
 
 import psycopg
 
+from resources.errors import ConfigError
 from resources.pgserver import resolve_dsns
 from resources.settings import Settings
 
@@ -37,6 +50,15 @@ def sqlalchemy_url(dsn: str) -> str:
     return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
 
 
+def checked_dsn(dsn: str) -> str:
+    """``dsn`` if it parses as a PostgreSQL connection string, else a ConfigError (never echoing it)."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError("STORMLAKE_PG_DSN is not a valid PostgreSQL connection string") from exc
+    return dsn
+
+
 def dagster_yaml(url_literal: str | None) -> str:
     """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL."""
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
@@ -58,6 +80,7 @@ concurrency:
 run_retries:
   enabled: true
   max_retries: 2
+  retry_on_asset_or_op_failure: false
 run_monitoring:
   enabled: true
   start_timeout_seconds: 180
@@ -73,7 +96,10 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     Sets ``DAGSTER_HOME`` (and the storage URL variable when the DSN has a password) in this
     process's environment so that Dagster and any child process find the instance.
     """
-    ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
+    if settings.pg_dsn:
+        ledger_dsn = dagster_dsn = checked_dsn(settings.pg_dsn)
+    else:
+        ledger_dsn, dagster_dsn = resolve_dsns(None, settings.pgdata)
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     url = sqlalchemy_url(dagster_dsn)

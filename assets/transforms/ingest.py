@@ -5,12 +5,14 @@ Contract section 3 is the rule book. Each file is read once as bytes and judged 
 1. **Whole file** (raises :class:`InputFileError`, nothing is returned): missing, binary (a NUL
    byte), not UTF-8 (names the line of the first bad byte), empty / blank header line, header not
    valid CSV, duplicate or missing required column(s).
-2. **Structure** (per physical line; quarantined with ``field`` null): a bare carriage return,
-   unbalanced or malformed quoting, or a field count that differs from the header's. Each
-   physical line is one row: a quoted value spanning lines is not supported, so its opening line
-   is quarantined as unbalanced quoting and the following line(s) are judged on their own, which
-   keeps every ``line`` physical and correct. Empty lines are not rows (nor are trailing
-   whitespace-only lines); a UTF-8 BOM before the header is ignored.
+2. **Structure** (per physical line; quarantined with ``field`` null), in order: a bare carriage
+   return, unbalanced quotes (an odd number of ``"``), malformed quoting (``"ab"c``), a field
+   count that differs from the header's. Quoted fields follow RFC 4180 (``"tree, limb"``,
+   ``""`` for a quote). Each physical line is one row: a quoted value spanning lines is not
+   supported, so each of its lines is quarantined on its own terms (the opening one as
+   unbalanced quotes), which keeps every ``line`` physical and correct. Empty lines are not rows
+   (nor are trailing whitespace-only lines); a UTF-8 BOM before the header is ignored. Only the
+   sound lines are handed to Arrow's CSV reader (all columns as text).
 3. **Rules** (vectorized; the first rule a row breaks is its one quarantine reason), in order:
 
    - outages: event_id non-empty; event_id unique (the first occurrence in the file owns the id,
@@ -130,9 +132,8 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
         n -= 1
     if n == 0 or not data[starts[0] : ends[0]].strip():
         raise InputFileError(rel, "empty file (no header row)", line=1)
-    header_text = data[starts[0] : ends[0]].decode("utf-8")
     try:
-        header = [h.strip() for h in next(csv.reader([header_text], strict=True))]
+        header = [h.strip() for h in next(csv.reader([data[starts[0] : ends[0]].decode("utf-8")], strict=True))]
     except csv.Error as exc:
         raise InputFileError(rel, f"header row is not valid CSV ({exc})", line=1) from None
     dupes = sorted({h for h in header if h in required and header.count(h) > 1})
@@ -146,8 +147,7 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     ds, de = starts[1:n], ends[1:n]
     nfields, problems = _structure(data, arr, starts[:n], ends[:n])
     empty = de == ds  # empty lines are not rows
-    wrong = np.flatnonzero((nfields != len(header)) & ~empty)
-    for i in wrong:
+    for i in np.flatnonzero((nfields != len(header)) & ~empty):
         problems.setdefault(int(i), f"wrong number of fields: expected {len(header)}, got {int(nfields[i])}")
     sound = ~empty
     sound[list(problems)] = False
@@ -165,17 +165,11 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     body = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # no copy in the common case
     names = [h if h in required else f"_extra_{k}" for k, h in enumerate(header)]
     if sound_idx.size:
-        try:
-            table = pacsv.read_csv(
-                pa.BufferReader(pa.py_buffer(body)),
-                read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in required},
-                    include_columns=list(required),
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
+        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in required}, include_columns=list(required),
+                                       strings_can_be_null=False, quoted_strings_can_be_null=False)
+        try:  # every column as text: the rules below decide what a value means, not type inference
+            table = pacsv.read_csv(pa.BufferReader(pa.py_buffer(body)), convert_options=convert,
+                                   read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20))
         except pa.ArrowInvalid as exc:
             raise InputFileError(rel, f"not valid CSV ({str(exc).splitlines()[0]})") from None
         if table.num_rows != sound_idx.size:

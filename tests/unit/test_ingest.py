@@ -252,14 +252,17 @@ def test_quoted_commas_and_escaped_quotes(tmp_path: Path) -> None:
     assert accepted.column("event_id").to_pylist() == ["e1", "e2", "e,3"]
 
 
-def test_mixed_offsets_convert_to_utc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("impossible_date", [False, True], ids=["arrow", "pandas_fallback"])
+def test_mixed_offsets_convert_to_utc(tmp_path: Path, impossible_date: bool) -> None:
     rows = [outage(1, reported_at=f"{DAY}T10:00:00+00:00", restored_at=f"{DAY}T07:30:00-05:00"),
             outage(2, reported_at=f"{DAY}T05:00:00-05:00", restored_at=f"{DAY}T12:00:00.250Z"),
             outage(3, reported_at=f"{DAY} 15:30:00+0530"),
             outage(4, reported_at=f"{DAY}T23:59:59.999999Z")]
+    if impossible_date:  # one 30 February makes Arrow refuse the whole column; the rest must still parse
+        rows.append(outage(5, reported_at="2026-02-30T10:00:00+00:00"))
     path = write(tmp_path / "o.csv", csv_text(OUT_HEADER, rows))
     accepted, quarantine, _ = validate_outages(path, "o.csv", GULF, DAY)
-    assert quarantine.num_rows == 0
+    assert quarantine.column("field").to_pylist() == (["reported_at"] if impossible_date else [])
     utc = dt.UTC
     assert accepted.column("reported_at").to_pylist() == [
         dt.datetime(2026, 9, 1, 10, tzinfo=utc), dt.datetime(2026, 9, 1, 10, tzinfo=utc),

@@ -1,0 +1,288 @@
+"""Sensors: new landing files start a batch; the ledger's outbox keeps a batch going.
+
+``landing_sensor``
+    Looks at every ``<region>/<day>/`` folder of the landing zone. A partition's fingerprint is
+    the sizes and modification times of its two files and of the reference files (a ``stat``
+    each, no reading), so a tick over a year of folders is cheap. The cursor is a JSON map
+    ``partition key -> fingerprint``; a partition whose fingerprint changed (or is new) is
+    requested with the run key ``landing:<key>:<fingerprint>``, so the same files never launch
+    twice and changed files always launch again. Before requesting, the ledger is asked
+    (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
+    touched but not changed), no run is launched. Folders of unknown regions, days before
+    ``STORMLAKE_FIRST_DAY`` and days not over yet are ignored; a partition still missing a file
+    waits (it is not put in the cursor, so it is looked at again on the next tick).
+
+``outbox_sensor``
+    Reads the ledger's ``checkpoint_events`` in event-id order (the cursor), logs progress and
+    failures, and continues partitions that stopped between phases: when a partition's latest
+    event is a COMPLETED phase other than present, the run that produced it is over (or unknown
+    to this instance), and the next phase is not already COMPLETED on that result, it requests
+    the remaining phase assets for the partition with the run key ``outbox:<event id>``. While
+    the producing run is still in progress the event is kept pending in the cursor and looked at
+    again on the next tick. FAILED events are only reported: retrying is the run-retry policy's job.
+
+Both are STOPPED by default (turn them on in the UI under Automation, or with
+``dagster sensor start landing_sensor -m pipeline.definitions``): a fresh install should not launch
+runs until an operator says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import dagster as dg
+
+from assets.phases import PHASES
+from pipeline.jobs import storm_job
+from pipeline.schedules import LAUNCHED_BY, first_day
+from resources.lake import LakeResource
+from resources.landing import Landing, LandingResource
+from resources.ledger import Event, Ledger, LedgerResource
+from resources.publisher import PublisherResource
+
+SENSOR_INTERVAL_S = 30
+OUTBOX_BATCH = 500
+NEXT_PHASE = {a.name: b for a, b in zip(PHASES, PHASES[1:], strict=False)}
+
+
+# ---- landing ---------------------------------------------------------------------------------
+def landing_fingerprint(landing: Landing, region_id: str, day: str) -> str | None:
+    """Sizes and mtimes of the partition's files and the reference files; None if one is missing."""
+    parts = []
+    for rel, path in sorted(landing.input_files(region_id, day).items()):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        parts.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class LandingScan:
+    fingerprints: dict[str, str]  # the new cursor: partition key -> fingerprint
+    changed: list[str]  # keys whose fingerprint is new or changed, in (day, region) order
+    waiting: list[str]  # keys of complete days still missing a file
+    ignored: list[str]  # folders that are not partitions (unknown region, before the first day, today)
+
+
+def scan_landing(landing: Landing, known_regions: set[str], seen: dict[str, str], *, first: str,
+                 today: str) -> LandingScan:
+    fingerprints: dict[str, str] = {}
+    changed: list[str] = []
+    waiting: list[str] = []
+    ignored: list[str] = []
+    for day, region in landing.partitions():
+        key = f"{day}|{region}"
+        if region not in known_regions or day < first or day >= today:
+            ignored.append(key)
+            continue
+        fp = landing_fingerprint(landing, region, day)
+        if fp is None:
+            waiting.append(key)
+            continue
+        fingerprints[key] = fp
+        if seen.get(key) != fp:
+            changed.append(key)
+    return LandingScan(fingerprints, changed, waiting, ignored)
+
+
+def _load_map(cursor: str | None) -> dict[str, str]:
+    if not cursor:
+        return {}
+    try:
+        data = json.loads(cursor)
+    except json.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+@dg.sensor(
+    name="landing_sensor",
+    job=storm_job,
+    minimum_interval_seconds=SENSOR_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="Requests a (day, region) batch when its landing files are new or changed "
+                "(run key landing:<key>:<fingerprint>). Stopped by default.",
+)
+def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
+                   landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
+    from assets.materialize import build_runner
+    from assets.runner import PartitionRef
+
+    seen = _load_map(context.cursor)
+    regions = landing.regions()
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    scan = scan_landing(landing.get(), set(regions), seen, first=first_day(), today=today)
+    runner = None
+    requests: list[dg.RunRequest] = []
+    unchanged: list[str] = []
+    for key in scan.changed:
+        if runner is None:
+            runner = build_runner(None, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
+        if runner.preflight(PartitionRef.parse(key, regions)):
+            unchanged.append(key)  # touched, not changed: every phase would skip
+            continue
+        requests.append(dg.RunRequest(
+            run_key=f"landing:{key}:{scan.fingerprints[key]}",
+            partition_key=key,
+            tags={LAUNCHED_BY: "landing_sensor", "stormlake/landing_fingerprint": scan.fingerprints[key]},
+        ))
+    if scan.waiting:
+        context.log.info(f"waiting for files of {len(scan.waiting)} partition(s): {', '.join(scan.waiting[:10])}")
+    if scan.ignored:
+        context.log.debug(f"ignored {len(scan.ignored)} folder(s) that are not partitions: {', '.join(scan.ignored[:10])}")
+    if unchanged:
+        context.log.info(f"{len(unchanged)} partition(s) touched but already done for this content: "
+                         f"{', '.join(unchanged[:10])}")
+    if requests:
+        context.log.info(f"requesting {len(requests)} partition(s): {', '.join(r.partition_key or '' for r in requests)}")
+    cursor = json.dumps(scan.fingerprints, sort_keys=True, separators=(",", ":"))
+    skip = None if requests else f"no new or changed landing files ({len(scan.fingerprints)} partitions known)"
+    return dg.SensorResult(run_requests=requests, cursor=cursor, skip_reason=skip)
+
+
+# ---- outbox ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pending:
+    """A COMPLETED event that may need a continuation, kept in the cursor until decided."""
+
+    event_id: int
+    partition_key: str
+    phase: str
+    run_id: str | None
+    state_hash: str | None
+
+    @classmethod
+    def of(cls, ev: Event) -> Pending:
+        return cls(ev.event_id, ev.partition_key, ev.phase, ev.run_id, (ev.detail or {}).get("state_hash"))
+
+
+@dataclass
+class OutboxCursor:
+    after: int = 0  # last event id read
+    pending: dict[str, Pending] | None = None  # partition key -> its latest undecided COMPLETED event
+
+    @classmethod
+    def parse(cls, raw: str | None) -> OutboxCursor:
+        if not raw:
+            return cls(0, {})
+        data = json.loads(raw)
+        pending = {k: Pending(**v) for k, v in (data.get("pending") or {}).items()}
+        return cls(int(data.get("after", 0)), pending)
+
+    def dump(self) -> str:
+        return json.dumps({"after": self.after, "pending": {k: asdict(v) for k, v in sorted((self.pending or {}).items())}},
+                          sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class OutboxDecision:
+    cursor: OutboxCursor
+    requests: list[dg.RunRequest]
+    lines: list[str]  # progress report
+
+
+def _run_in_progress(instance: dg.DagsterInstance, run_id: str | None) -> bool:
+    if not run_id:
+        return False
+    run = instance.get_run_by_id(run_id)
+    return run is not None and not run.is_finished
+
+
+def _latest_event_ids(ledger: Ledger, keys: list[str]) -> dict[str, int]:
+    rows = ledger.query(
+        "SELECT partition_key, max(event_id) AS last FROM checkpoint_events WHERE partition_key = ANY(%s)"
+        " GROUP BY partition_key",
+        (keys,),
+    )
+    return {r["partition_key"]: int(r["last"]) for r in rows}
+
+
+def continuation_request(p: Pending) -> dg.RunRequest:
+    """The run of the phases after ``p.phase`` for ``p.partition_key``."""
+    idx = [ph.name for ph in PHASES].index(p.phase)
+    remaining = [dg.AssetKey(ph.asset) for ph in PHASES[idx + 1:]]
+    return dg.RunRequest(
+        run_key=f"outbox:{p.event_id}",
+        partition_key=p.partition_key,
+        asset_selection=remaining,
+        asset_check_keys=[dg.AssetCheckKey(k, "grader") for k in remaining],
+        tags={LAUNCHED_BY: "outbox_sensor", "stormlake/outbox_event": str(p.event_id),
+              "stormlake/resume_after": p.phase},
+    )
+
+
+def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: OutboxCursor, *,
+                    batch: int = OUTBOX_BATCH) -> OutboxDecision:
+    """One tick of the outbox: read new events, decide which partitions to continue."""
+    events = ledger.events_since(cursor.after, limit=batch)
+    lines: list[str] = []
+    candidates: dict[str, Pending] = dict(cursor.pending or {})
+    if events:
+        counts = Counter(ev.status for ev in events)
+        lines.append(f"events {events[0].event_id}..{events[-1].event_id}: "
+                     + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    published = []
+    for ev in events:
+        if ev.status == "FAILED":
+            lines.append(f"FAILED {ev.phase} of {ev.partition_key} (attempt {ev.attempt}, run {ev.run_id}): "
+                         f"{(ev.detail or {}).get('error_class', 'error')}; the run retry policy decides on a retry")
+        elif ev.status == "COMPLETED":
+            if ev.phase in NEXT_PHASE:
+                candidates[ev.partition_key] = Pending.of(ev)
+            else:
+                published.append(ev.partition_key)
+    if published:
+        lines.append(f"published: {', '.join(published[:20])}" + (" …" if len(published) > 20 else ""))
+    after = events[-1].event_id if events else cursor.after
+    if not candidates:
+        return OutboxDecision(OutboxCursor(after, {}), [], lines)
+
+    keys = sorted(candidates)
+    latest = _latest_event_ids(ledger, keys)
+    heads = {(cp.partition_key, cp.phase): cp for cp in ledger.heads(keys)}
+    pending: dict[str, Pending] = {}
+    requests: list[dg.RunRequest] = []
+    for key in keys:
+        p = candidates[key]
+        if latest.get(key) != p.event_id:
+            continue  # the partition moved on (the next phase started, or a skip/failure came after)
+        nxt = NEXT_PHASE[p.phase]
+        head = heads.get((key, nxt.name))
+        if (head is not None and head.status == "COMPLETED"
+                and (head.summary or {}).get("upstream", {}).get(p.phase) == p.state_hash):
+            continue  # the next phase is already done on this result
+        if _run_in_progress(instance, p.run_id):
+            pending[key] = p  # its own run may still go on to the next phase: look again next tick
+            continue
+        requests.append(continuation_request(p))
+        lines.append(f"continuing {key} after {p.phase} (event {p.event_id}, run {p.run_id or '-'} is over): "
+                     f"{', '.join(r.to_user_string() for r in requests[-1].asset_selection or [])}")
+    return OutboxDecision(OutboxCursor(after, pending), requests, lines)
+
+
+@dg.sensor(
+    name="outbox_sensor",
+    job=storm_job,
+    minimum_interval_seconds=SENSOR_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="Reads the ledger's checkpoint events, reports progress and failures, and continues a "
+                "partition that stopped between phases (run key outbox:<event id>). Stopped by default.",
+)
+def outbox_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
+    decision = evaluate_outbox(ledger.get(), context.instance, OutboxCursor.parse(context.cursor))
+    for line in decision.lines:
+        (context.log.warning if line.startswith("FAILED") else context.log.info)(line)
+    pending = decision.cursor.pending or {}
+    skip = None
+    if not decision.requests:
+        skip = f"nothing to continue (read up to event {decision.cursor.after}; {len(pending)} waiting on a run)"
+    return dg.SensorResult(run_requests=decision.requests, cursor=decision.cursor.dump(), skip_reason=skip)
+
+
+SENSORS = [landing_sensor, outbox_sensor]

@@ -1,0 +1,419 @@
+"""A real HTTP consumer for the end-to-end tests, and the harness those tests share.
+
+:class:`Consumer` is an ``http.server`` on 127.0.0.1 in a thread. It records every POST (headers,
+sha256 and size of the body, the answer it gave) in memory and, when asked, in a JSON file, and
+answers as the test programs it:
+
+- ``default``: the status of any request no rule below decides (200);
+- ``script``: statuses by global request index (``{0: 500, 1: 500}``), by artifact kind or by
+  Idempotency-Key (``{"summary.json": [500, 500, 200]}``: the n-th request of that kind gets the
+  n-th entry, the last entry repeats);
+- ``dedupe``: answer 409 to a key it has already accepted (what a careful consumer does);
+- the status ``"hang"``: read the request, then never answer (until the consumer is stopped or
+  ``hang_s`` passed), so the client times out;
+- ``on_request``: a callback run after the answer was sent (the random-kill test does not need
+  it; the delivery-window test uses it to kill the client right after a 200).
+
+The rest of the module is the harness of the e2e tests: running ``stormlake`` in a subprocess
+against an isolated home, reading ``stormlake status --json`` and the ledger, comparing a lake
+with a clean run's, and the consumer-side invariants of contract section 6.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = REPO / ".venv" / "bin"
+STORMLAKE = str(BIN / "stormlake")
+KINDS = ("clusters.geojson", "report.html", "summary.json")
+ARTIFACT_ID_RE = re.compile(r"^(?P<region>[a-z][a-z0-9_]{0,31})/(?P<day>\d{4}-\d{2}-\d{2})/(?P<kind>[a-z.]+)@(?P<hash>[0-9a-f]{16})$")
+CONTENT_TYPES = {
+    "summary.json": "application/json",
+    "clusters.geojson": "application/geo+json",
+    "report.html": "text/html; charset=utf-8",
+}
+
+Answer = int | str  # an HTTP status, or "hang"
+
+
+# ---- the consumer ----------------------------------------------------------------------------
+@dataclass
+class Post:
+    index: int
+    path: str
+    headers: dict[str, str]
+    sha256: str
+    size: int
+    answer: Answer
+    at: float
+
+    @property
+    def key(self) -> str:
+        return self.headers.get("Idempotency-Key", "")
+
+    @property
+    def kind(self) -> str:
+        return self.headers.get("X-Stormlake-Kind", "")
+
+    @property
+    def accepted(self) -> bool:
+        return isinstance(self.answer, int) and (200 <= self.answer < 300 or self.answer == 409)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "path": self.path, "headers": self.headers, "sha256": self.sha256,
+                "size": self.size, "answer": self.answer, "at": self.at}
+
+
+class Consumer:
+    """See the module docstring. Use as a context manager: ``with Consumer() as c: c.url``."""
+
+    def __init__(self, *, default: Answer = 200, script: dict[Any, Any] | None = None, dedupe: bool = True,
+                 hang_s: float = 30.0, record_file: Path | None = None,
+                 on_request: Callable[[Post], None] | None = None):
+        self.default = default
+        self.script: dict[Any, Any] = dict(script or {})
+        self.dedupe = dedupe
+        self.hang_s = hang_s
+        self.record_file = record_file
+        self.on_request = on_request
+        self.posts: list[Post] = []
+        self.accepted_keys: set[str] = set()
+        self._seen: dict[str, int] = {}  # script selector -> requests seen
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- programming ------------------------------------------------------------------------
+    def program(self, *, default: Answer | None = None, script: dict[Any, Any] | None = None,
+                dedupe: bool | None = None) -> None:
+        """Change the answers (``script`` replaces the old script and its counters)."""
+        with self._lock:
+            if default is not None:
+                self.default = default
+            if script is not None:
+                self.script = dict(script)
+                self._seen.clear()
+            if dedupe is not None:
+                self.dedupe = dedupe
+
+    def _answer(self, index: int, key: str, kind: str) -> Answer:
+        # caller holds the lock
+        if index in self.script:
+            return self.script[index]
+        for selector in (key, kind):
+            if selector and selector in self.script:
+                n = self._seen.get(selector, 0)
+                self._seen[selector] = n + 1
+                answers = self.script[selector]
+                if not isinstance(answers, list | tuple):
+                    return answers
+                return answers[min(n, len(answers) - 1)]
+        if self.dedupe and key in self.accepted_keys:
+            return 409
+        return self.default
+
+    # -- server -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/artifacts"
+
+    def start(self) -> Consumer:
+        consumer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k: v for k, v in self.headers.items()}
+                with consumer._lock:
+                    index = len(consumer.posts)
+                    key = headers.get("Idempotency-Key", "")
+                    answer = consumer._answer(index, key, headers.get("X-Stormlake-Kind", ""))
+                    post = Post(index, self.path, headers, hashlib.sha256(body).hexdigest(), len(body), answer,
+                                time.time())
+                    consumer.posts.append(post)
+                    if post.accepted:
+                        consumer.accepted_keys.add(key)
+                    consumer._save()
+                if answer == "hang":
+                    consumer._stop.wait(consumer.hang_s)
+                    self.close_connection = True
+                    return
+                payload = json.dumps({"status": answer, "key": key}).encode()
+                self.send_response(int(answer))
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                self.wfile.flush()
+                if consumer.on_request is not None:
+                    consumer.on_request(post)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="test-consumer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Consumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _save(self) -> None:
+        if self.record_file is not None:
+            tmp = self.record_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps([p.as_dict() for p in self.posts], indent=1))
+            os.replace(tmp, self.record_file)
+
+    # -- views ------------------------------------------------------------------------------
+    def snapshot(self) -> list[Post]:
+        with self._lock:
+            return list(self.posts)
+
+    def keys_count(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for p in self.snapshot():
+            counts[p.key] = counts.get(p.key, 0) + 1
+        return counts
+
+
+# ---- consumer-side invariants ----------------------------------------------------------------
+def check_headers(post: Post) -> None:
+    """The contract headers of one POST (section 6)."""
+    h = post.headers
+    key = h.get("Idempotency-Key")
+    assert key, f"POST #{post.index} without Idempotency-Key: {h}"
+    assert h.get("X-Stormlake-Artifact-Id") == key, h
+    m = ARTIFACT_ID_RE.match(key)
+    assert m, f"artifact id {key!r} is not <region>/<day>/<kind>@<16 hex>"
+    assert h.get("X-Stormlake-Content-SHA256") == post.sha256, f"{key}: header sha256 is not the body's"
+    assert post.sha256[:16] == m["hash"], f"{key}: the id's hash is not the body's sha256 prefix"
+    assert h.get("X-Stormlake-Region") == m["region"], h
+    assert h.get("X-Stormlake-Day") == m["day"], h
+    assert h.get("X-Stormlake-Kind") == m["kind"], h
+    assert m["kind"] in KINDS, h
+    assert h.get("Content-Type") == CONTENT_TYPES[m["kind"]], h
+
+
+def check_consumer(posts: list[Post], *, partitions: list[str], max_repeats: int = 0) -> dict[str, str]:
+    """Every artifact of every partition arrived, under one key per content, repeated at most as allowed.
+
+    Returns ``{"<region>/<day>/<kind>": artifact id}`` of the accepted artifacts (one per kind).
+    ``max_repeats`` is the number of crashes inside the delivery window the test caused: the total
+    number of extra POSTs of an already-received key may not exceed it, and no key may be repeated
+    more than once per crash.
+    """
+    for p in posts:
+        check_headers(p)
+    by_key: dict[str, list[Post]] = {}
+    for p in posts:
+        by_key.setdefault(p.key, []).append(p)
+    # the same content never travels under two keys, and a key always carries the same content
+    by_sha: dict[str, set[str]] = {}
+    for p in posts:
+        by_sha.setdefault(p.sha256, set()).add(p.key)
+    dup_content = {sha: keys for sha, keys in by_sha.items() if len(keys) > 1}
+    assert not dup_content, f"the same content under several keys: {dup_content}"
+    for key, ps in by_key.items():
+        assert len({p.sha256 for p in ps}) == 1, f"{key} carried different bodies"
+    # repeats: only the accepted deliveries count (a retry after a 5xx or a timeout is not a repeat)
+    repeats = {k: sum(p.accepted for p in ps) - 1 for k, ps in by_key.items() if sum(p.accepted for p in ps) > 1}
+    assert sum(repeats.values()) <= max_repeats, (
+        f"keys delivered more than once: {repeats} (allowed: {max_repeats} repeats for {max_repeats} crashes "
+        "inside the delivery window)")
+    accepted: dict[str, str] = {}
+    for key, ps in by_key.items():
+        if any(p.accepted for p in ps):
+            m = ARTIFACT_ID_RE.match(key)
+            assert m
+            slot = f"{m['region']}/{m['day']}/{m['kind']}"
+            assert slot not in accepted, f"two revisions of {slot} accepted: {accepted[slot]} and {key}"
+            accepted[slot] = key
+    for part in partitions:
+        day, _, region = part.partition("|")
+        for kind in KINDS:
+            assert f"{region}/{day}/{kind}" in accepted, f"{region}/{day}/{kind} never arrived at the consumer"
+    return accepted
+
+
+# ---- running stormlake -----------------------------------------------------------------------
+@dataclass
+class Result:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return (f"stormlake {' '.join(self.args)} -> {self.returncode}\n--- stdout\n{self.stdout[-3000:]}"
+                f"\n--- stderr\n{self.stderr[-5000:]}")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The parent's environment without any stormlake setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STORMLAKE_") and k != "DAGSTER_HOME"}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(env: dict[str, str], *args: str, timeout: float = 300, faults: str | None = None) -> Result:
+    """Run ``stormlake *args`` to its end."""
+    e = dict(env)
+    if faults:
+        e["STORMLAKE_FAULTS"] = faults
+    else:
+        e.pop("STORMLAKE_FAULTS", None)
+    proc = subprocess.run([STORMLAKE, *args], env=e, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(REPO), start_new_session=True)
+    return Result(list(args), proc.returncode, proc.stdout, proc.stderr)
+
+
+def start(env: dict[str, str], *args: str, log: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``stormlake *args`` in its own process group, output to ``log``."""
+    e = dict(env)
+    if faults:
+        e["STORMLAKE_FAULTS"] = faults
+    else:
+        e.pop("STORMLAKE_FAULTS", None)
+    fh = log.open("wb")
+    try:
+        return subprocess.Popen([STORMLAKE, *args], env=e, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                start_new_session=True)
+    finally:
+        fh.close()
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group of ``proc`` (started with a session of its own) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def run_until_ok(env: dict[str, str], *args: str, tries: int = 3, timeout: float = 300) -> list[Result]:
+    """Run the command until it exits 0 (bounded); returns every result, the last one successful."""
+    results = []
+    for _ in range(tries):
+        res = run(env, *args, timeout=timeout)
+        results.append(res)
+        if res.returncode == 0:
+            return results
+    raise AssertionError(f"no success in {tries} runs; the last:\n{results[-1]}")
+
+
+def status(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``stormlake status --json`` by partition key."""
+    res = run(env, "status", "--json", timeout=120)
+    assert res.returncode == 0, str(res)
+    data = json.loads(res.stdout)
+    return {f"{p['day']}|{p['region']}": p for p in data["partitions"]}
+
+
+def sql_rows(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+
+def check_ledger_clean(dsn: str) -> None:
+    """No checkpoint and no receipt left PENDING."""
+    pending = sql_rows(dsn, "SELECT partition_key, phase, attempt FROM checkpoints WHERE status = 'PENDING'")
+    assert not pending, f"checkpoints left PENDING: {pending}"
+    assert sql_rows(dsn, "SELECT count(*) FROM checkpoints WHERE status = 'PENDING'")[0][0] == 0
+    receipts = sql_rows(dsn, "SELECT artifact_id, target FROM receipts WHERE status = 'PENDING'")
+    assert not receipts, f"receipts left PENDING: {receipts}"
+
+
+@contextmanager
+def database(admin_dsn: str, prefix: str = "stormlake_e2e") -> Iterator[str]:
+    """A fresh database on the server of ``admin_dsn``, dropped afterwards."""
+    from resources.pgserver import with_database
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def make_home(root: Path, landing: Path, dsn: str, *, webhook: str | None = None, **settings: str) -> dict[str, str]:
+    """An isolated STORMLAKE_HOME under ``root`` with a copy of ``landing``; returns its environment."""
+    home = root / "home"
+    shutil.copytree(landing, home / "landing")
+    env = base_env(STORMLAKE_HOME=str(home), STORMLAKE_PG_DSN=dsn, DAGSTER_HOME=str(home / "dagster"),
+                   STORMLAKE_WEBHOOK_BACKOFF="0.05", STORMLAKE_WEBHOOK_TIMEOUT="5")
+    if webhook:
+        env["STORMLAKE_WEBHOOK_URL"] = webhook
+    env.update(settings)
+    return env
+
+
+def lake_root(env: dict[str, str]) -> str:
+    return str(Path(env["STORMLAKE_HOME"]) / "lake")
+
+
+def lake_snapshot(env: dict[str, str], partitions: list[str]) -> dict[tuple[str, str], Any]:
+    """Every table of every partition, as sorted DataFrames (tests.helpers.read_table)."""
+    from assets.schemas import TABLES
+    from tests.helpers import read_table
+
+    root = lake_root(env)
+    return {(t, k): read_table(root, t, k) for t in TABLES for k in partitions}
+
+
+def check_lake_equal(env: dict[str, str], clean: dict[tuple[str, str], Any], partitions: list[str]) -> None:
+    """The lake of ``env`` equals a clean run's, table by table, row for row."""
+    import pandas as pd
+
+    got = lake_snapshot(env, partitions)
+    for (table, key), want in clean.items():
+        have = got[(table, key)]
+        assert len(have) == len(want), f"{table} {key}: {len(have)} rows, a clean run has {len(want)}"
+        pd.testing.assert_frame_equal(have, want, check_like=True, obj=f"{table} {key}")
+
+
+def python() -> str:
+    return str(BIN / "python") if (BIN / "python").exists() else sys.executable

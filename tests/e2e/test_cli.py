@@ -1,0 +1,229 @@
+"""The ``stormlake`` command line as a user runs it: real subprocesses, a controlled environment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+STORMLAKE = Path(sys.executable).parent / "stormlake"
+PHASE_NAMES = ("ingest", "enrich", "correlate", "present")
+TIER_LABELS = {0: "not_started", 1: "ingested", 2: "enriched", 3: "correlated", 4: "published"}
+KINDS = ("summary.json", "clusters.geojson", "report.html")
+DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+REGION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def base_env(home: Path, **extra: str) -> dict[str, str]:
+    """The parent's environment without any stormlake or Dagster setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STORMLAKE_") and k not in ("DAGSTER_HOME", "PYTEST_CURRENT_TEST")}
+    env["STORMLAKE_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def stormlake(*args: str, env: dict[str, str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(STORMLAKE), *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def err_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.strip()]
+
+
+def status_json(env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    proc = stormlake("status", "--json", env=env, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate_status(doc)
+    return doc
+
+
+def validate_status(doc: Any) -> None:
+    """The shape of contract section 8."""
+    assert isinstance(doc, dict) and set(doc) == {"partitions"}, doc
+    assert isinstance(doc["partitions"], list)
+    for p in doc["partitions"]:
+        assert {"region", "day", "tier", "tier_label", "phases", "deliveries"} <= set(p), p
+        assert REGION_RE.match(p["region"]) and DAY_RE.match(p["day"]), p
+        assert isinstance(p["tier"], int) and p["tier"] in TIER_LABELS
+        assert p["tier_label"] == TIER_LABELS[p["tier"]]
+        assert isinstance(p["phases"], dict) and set(p["phases"]) <= set(PHASE_NAMES)
+        for name, ph in p["phases"].items():
+            assert ph["status"] in ("PENDING", "COMPLETED", "FAILED", "SKIPPED"), (name, ph)
+            assert isinstance(ph["seq"], int) and isinstance(ph["attempts"], int) and ph["attempts"] >= 1
+            assert isinstance(ph["input_hash"], str) and ph["input_hash"]
+            assert isinstance(ph["schema_version"], int)
+            assert isinstance(ph["delta_versions"], dict)
+            assert all(isinstance(k, str) and isinstance(v, int) for k, v in ph["delta_versions"].items())
+            if ph["status"] == "COMPLETED":
+                assert isinstance(ph["state_hash"], str) and ph["state_hash"]
+        assert isinstance(p["deliveries"], list)
+        for d in p["deliveries"]:
+            assert {"artifact_id", "target", "status", "content_hash"} <= set(d), d
+            assert d["status"] in ("PENDING", "DELIVERED")
+            m = re.match(r"^([a-z][a-z0-9_]*)/(\d{4}-\d{2}-\d{2})/([a-z.]+)@([0-9a-f]{16})$", d["artifact_id"])
+            assert m, d["artifact_id"]
+            assert (m.group(1), m.group(2)) == (p["region"], p["day"]) and m.group(3) in KINDS
+            assert HEX_RE.match(d["content_hash"]) and d["content_hash"][:16] == m.group(4)
+
+
+def published_state(home: Path) -> dict[str, tuple[int, bytes]]:
+    root = home / "published"
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def landing_partitions(home: Path) -> set[tuple[str, str]]:
+    root = home / "landing"
+    return {(d.name, r.name) for r in root.iterdir() if r.is_dir() and REGION_RE.match(r.name) and r.name != "reference"
+            for d in r.iterdir() if d.is_dir() and DAY_RE.match(d.name)}
+
+
+def check_demo_twice(env: dict[str, str], home: Path, cwd: Path) -> dict[str, Any]:
+    first = stormlake("demo", env=env, cwd=cwd)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "Traceback" not in first.stderr
+    parts = landing_partitions(home)
+    assert parts, "demo wrote no landing partitions"
+
+    doc = status_json(env, cwd)
+    by_key = {(p["day"], p["region"]): p for p in doc["partitions"]}
+    assert set(by_key) == parts
+    for key, p in by_key.items():
+        assert p["tier"] == 4 and p["tier_label"] == "published", (key, p["tier"], p["phases"])
+        assert set(p["phases"]) == set(PHASE_NAMES)
+        assert all(ph["status"] == "COMPLETED" and ph["attempts"] == 1 for ph in p["phases"].values()), key
+        assert sorted(d["artifact_id"].split("/")[2].split("@")[0] for d in p["deliveries"]) == sorted(KINDS)
+        for d in p["deliveries"]:
+            assert d["status"] == "DELIVERED" and d["target"] == "file"
+            kind = d["artifact_id"].split("/")[2].split("@")[0]
+            data = (home / "published" / key[1] / key[0] / kind).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == d["content_hash"], d
+    files = published_state(home)
+    assert len(files) == len(parts) * len(KINDS), sorted(files)
+
+    second = stormlake("demo", env=env, cwd=cwd)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "nothing to do" in second.stdout, second.stdout
+    after = status_json(env, cwd)
+    assert after == doc, "the second demo changed the ledger's view (attempts, seqs or deliveries)"
+    assert published_state(home) == files
+    return doc
+
+
+def test_demo_twice_on_the_embedded_server(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = base_env(home)
+    assert "STORMLAKE_PG_DSN" not in env and "STORMLAKE_TEST_PG_DSN" not in env
+    try:
+        check_demo_twice(env, home, cwd)
+        assert (home / "pg").is_dir() and (home / "pg" / "PG_VERSION").exists()
+        assert (home / "dagster" / "dagster.yaml").exists()
+        assert not (cwd / ".stormlake").exists()
+    finally:
+        stop = stormlake("db", "stop", env=env, cwd=cwd, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert not (home / "pg" / "postmaster.pid").exists(), "the embedded server is still running"
+
+
+def test_demo_against_an_external_server_and_status(tmp_path: Path, pg_dsn: str) -> None:
+    home = tmp_path / "home"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
+    doc = check_demo_twice(env, home, cwd)
+    assert not (home / "pg").exists(), "an embedded server was started although STORMLAKE_PG_DSN is set"
+
+    table = stormlake("status", env=env, cwd=cwd)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["day", "region", "tier"] and all(p in lines[0] for p in PHASE_NAMES)
+    for p in doc["partitions"]:
+        row = [ln for ln in lines if ln.startswith(p["day"]) and f" {p['region']} " in ln]
+        assert len(row) == 1, (p["day"], p["region"], lines)
+        assert "4 published" in row[0] and row[0].split()[-1] == "3", row[0]
+    n = len(doc["partitions"])
+    assert lines[-1] == f"{n} partitions; {n} published"
+    assert pg_dsn.split("password=")[-1] not in table.stdout or "password=" not in pg_dsn
+
+
+def test_status_of_an_empty_ledger(tmp_path: Path, pg_dsn: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    assert status_json(env, tmp_path) == {"partitions": []}
+    proc = stormlake("status", env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "no partitions" in proc.stdout
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = err_lines(proc)
+    assert len(lines) == 1, lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_unknown_region_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    assert_one_line_error(stormlake("backfill", "--regions", "nope", env=env, cwd=tmp_path), 2, "nope")
+
+
+def test_bad_days_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    assert_one_line_error(stormlake("backfill", "--days", "2026-13-01..x", env=env, cwd=tmp_path), 2, "--days")
+
+
+def test_invalid_region_file_names_file_and_line(tmp_path: Path, pg_dsn: str) -> None:
+    regions = tmp_path / "my-regions.csv"
+    regions.write_text("region_id,name,min_lat,max_lat,min_lon,max_lon\n"
+                       "gulf_coast,Gulf Coast,29.20,30.20,-90.60,-89.40\n"
+                       "Bad-Region,Bad,30.40,31.40,-89.60,-88.40\n", encoding="utf-8")
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_REGIONS=str(regions))
+    for args in (("backfill",), ("demo",)):
+        line = assert_one_line_error(stormlake(*args, env=env, cwd=tmp_path), 2, str(regions))
+        assert re.search(re.escape(str(regions)) + r":3\b", line), line
+        assert "Bad-Region" in line
+
+
+def test_unreadable_landing_file_fails_backfill_naming_the_file(tmp_path: Path, pg_dsn: str,
+                                                                 sample_landing: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(sample_landing, home / "landing")
+    bad = home / "landing" / "gulf_coast" / "2026-09-01" / "weather.csv"
+    data = bad.read_bytes()
+    cut = data.index(b"\n") + 1
+    bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
+
+    proc = stormlake("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01", env=env, cwd=tmp_path)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    errors = [ln for ln in err_lines(proc) if ln.startswith("stormlake:")]
+    assert len(errors) == 1, proc.stderr
+    assert "gulf_coast/2026-09-01/weather.csv" in errors[0] and "UTF-8" in errors[0], errors[0]
+    assert "1/2 partitions succeeded" in proc.stdout, proc.stdout
+
+    doc = status_json(env, tmp_path)
+    by_key = {(p["day"], p["region"]): p for p in doc["partitions"]}
+    assert by_key[("2026-09-01", "pine_belt")]["tier"] == 4
+    failed = by_key[("2026-09-01", "gulf_coast")]
+    assert failed["tier"] == 0 and set(failed["phases"]) == {"ingest"}
+    assert failed["phases"]["ingest"]["status"] == "FAILED"
+    assert "weather.csv" in failed["phases"]["ingest"].get("error", "")
+    assert not (home / "published" / "gulf_coast").exists()

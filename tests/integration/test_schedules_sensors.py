@@ -1,0 +1,359 @@
+"""The daily schedule, the landing sensor and the outbox sensor, evaluated against a real ledger
+(PostgreSQL), a real landing folder and a real Dagster instance on PostgreSQL; and a failing
+blocking grader that stops the phases after it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from assets.phases import ENRICH, INGEST, PHASES
+from pipeline.schedules import daily_storm_schedule, region_ids
+from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
+from tests.helpers import KEY, materialize
+
+UTC = dt.UTC
+ASSETS = [p.asset for p in PHASES]
+OTHER = "2026-09-01|pine_belt"
+
+
+@pytest.fixture
+def instance(sl_env: dict[str, str]) -> Iterator[dg.DagsterInstance]:
+    """The project's own Dagster instance (dagster.yaml written by prepare_dagster_home)."""
+    from pipeline.instance import prepare_dagster_home
+    from resources.settings import load_settings
+
+    prepare_dagster_home(load_settings())
+    with dg.DagsterInstance.get() as inst:
+        yield inst
+
+
+def _resources() -> dict[str, object]:
+    from pipeline.definitions import build_resources
+
+    return dict(build_resources())
+
+
+def _ledger():
+    from resources.ledger import get_ledger
+
+    return get_ledger(os.environ["STORMLAKE_PG_DSN"])
+
+
+def _heads(key: str) -> dict[str, object]:
+    return {cp.phase: cp for cp in _ledger().heads([key])}
+
+
+# ---- the daily schedule ------------------------------------------------------------------------
+def test_daily_schedule_requests_yesterday_for_every_region() -> None:
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 3, 0, tzinfo=UTC))
+    requests = daily_storm_schedule(ctx)
+    regions = region_ids()
+    assert len(requests) == len(regions) >= 2
+    assert [r.partition_key for r in requests] == [f"2026-09-02|{r}" for r in regions]
+    assert [r.run_key for r in requests] == [f"daily:2026-09-02|{r}" for r in regions]
+    assert all(r.tags["stormlake/launched_by"] == "daily_schedule" for r in requests)
+    from assets.partitions import PARTITIONS
+
+    assert all(PARTITIONS.has_partition_key(r.partition_key) for r in requests)
+
+
+def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick() -> None:
+    # 23:30 on Sept 3 in Chicago is 04:30 UTC on Sept 4: yesterday is Sept 3 (UTC days).
+    chicago = dt.timezone(dt.timedelta(hours=-5))
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 23, 30, tzinfo=chicago))
+    first = daily_storm_schedule(ctx)
+    again = daily_storm_schedule(ctx)
+    assert {r.partition_key.split("|")[0] for r in first} == {"2026-09-03"}
+    assert [r.run_key for r in first] == [r.run_key for r in again]  # same tick, same run keys
+
+
+def test_daily_schedule_skips_days_before_the_first_day() -> None:
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 1, 3, 0, tzinfo=UTC))
+    result = daily_storm_schedule(ctx)
+    assert isinstance(result, dg.SkipReason)
+    assert "2026-08-31" in (result.skip_message or "")
+
+
+def test_daily_schedule_evaluates_through_the_code_location() -> None:
+    from pipeline.definitions import defs
+
+    schedule = defs.resolve_schedule_def("daily_storm_schedule")
+    assert schedule.cron_schedule == "0 3 * * *"
+    assert schedule.execution_timezone == "UTC"
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    data = schedule.evaluate_tick(dg.build_schedule_context(
+        scheduled_execution_time=dt.datetime(2026, 9, 2, 3, 0, tzinfo=UTC), repository_def=defs.get_repository_def()))
+    assert {r.partition_key for r in data.run_requests or []} == {f"2026-09-01|{r}" for r in region_ids()}
+
+
+# ---- the landing sensor ------------------------------------------------------------------------
+def _landing_tick(cursor: str | None) -> dg.SensorResult:
+    ctx = dg.build_sensor_context(cursor=cursor, resources=_resources())
+    result = landing_sensor(ctx)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[str, str], instance) -> None:
+    landing = Path(sl_env["STORMLAKE_HOME"]) / "landing"
+    # Folders that are not partitions: an unknown region, a day before the first day, today.
+    today = dt.datetime.now(UTC).date().isoformat()
+    for folder in ("atlantis/2026-09-01", "gulf_coast/2026-08-31", f"gulf_coast/{today}"):
+        for name in ("outages.csv", "weather.csv"):
+            _write(landing / folder / name, (landing / "gulf_coast/2026-09-01" / name).read_text())
+    # A complete past day still missing its weather file: waits, is not requested, not in the cursor.
+    _write(landing / "gulf_coast/2026-09-03/outages.csv", (landing / "gulf_coast/2026-09-01/outages.csv").read_text())
+
+    first = _landing_tick(None)
+    keys = sorted(r.partition_key for r in first.run_requests)
+    assert keys == ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+    cursor = json.loads(first.cursor)
+    assert sorted(cursor) == keys
+    for r in first.run_requests:
+        assert r.run_key == f"landing:{r.partition_key}:{cursor[r.partition_key]}"
+        assert r.tags["stormlake/launched_by"] == "landing_sensor"
+
+    # Nothing changed: nothing requested, same cursor.
+    second = _landing_tick(first.cursor)
+    assert second.run_requests == []
+    assert json.loads(second.cursor) == cursor
+
+    # Publish KEY, then touch its outages file without changing it: the fingerprint changes, but the
+    # ledger says every phase would skip, so no run is launched (and the cursor moves on).
+    assert materialize(KEY, instance=instance).success
+    outages = landing / "gulf_coast/2026-09-01/outages.csv"
+    st = outages.stat()
+    os.utime(outages, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    third = _landing_tick(second.cursor)
+    assert third.run_requests == []
+    assert json.loads(third.cursor)[KEY] != cursor[KEY]
+
+    # Change the content of one partition and complete the waiting one: exactly those two.
+    weather = landing / "pine_belt/2026-09-01/weather.csv"
+    lines = weather.read_text().splitlines(keepends=True)
+    weather.write_text("".join(lines[:-1]))
+    _write(landing / "gulf_coast/2026-09-03/weather.csv", (landing / "gulf_coast/2026-09-01/weather.csv").read_text())
+    fourth = _landing_tick(third.cursor)
+    assert sorted(r.partition_key for r in fourth.run_requests) == ["2026-09-01|pine_belt", "2026-09-03|gulf_coast"]
+    new_cursor = json.loads(fourth.cursor)
+    pine = next(r for r in fourth.run_requests if r.partition_key == "2026-09-01|pine_belt")
+    assert pine.run_key == f"landing:2026-09-01|pine_belt:{new_cursor['2026-09-01|pine_belt']}"
+    assert pine.run_key not in {r.run_key for r in first.run_requests}
+    assert "atlantis" not in fourth.cursor and "2026-08-31" not in fourth.cursor and today not in fourth.cursor
+
+
+def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: dict[str, str]) -> None:
+    landing = Path(sl_env["STORMLAKE_HOME"]) / "landing"
+    first = _landing_tick(None)
+    ref = landing / "reference/customers.csv"
+    ref.write_text(ref.read_text() + "\n")
+    again = _landing_tick(first.cursor)
+    assert len(again.run_requests) == 4
+    assert {r.run_key for r in again.run_requests}.isdisjoint({r.run_key for r in first.run_requests})
+
+
+# ---- the outbox sensor -------------------------------------------------------------------------
+def _outbox_tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
+    from resources.ledger import LedgerResource
+
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                  resources={"ledger": LedgerResource(dsn=os.environ["STORMLAKE_PG_DSN"])})
+    result = outbox_sensor(ctx)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def _completed_event(key: str, phase: str) -> int:
+    rows = _ledger().query(
+        "SELECT max(event_id) AS id FROM checkpoint_events WHERE partition_key = %s AND phase = %s"
+        " AND status = 'COMPLETED'", (key, phase))
+    return int(rows[0]["id"])
+
+
+def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, str], instance) -> None:
+    from pipeline.definitions import defs
+
+    # One partition all the way through (nothing to continue), one stopped after ingest.
+    assert materialize(OTHER, instance=instance).success
+    assert materialize(KEY, selection=[INGEST.asset], instance=instance).success
+    ingest_event = _completed_event(KEY, "ingest")
+
+    first = _outbox_tick(instance, None)
+    assert len(first.run_requests) == 1
+    req = first.run_requests[0]
+    assert req.partition_key == KEY
+    assert req.run_key == f"outbox:{ingest_event}"
+    assert [k.to_user_string() for k in req.asset_selection] == ASSETS[1:]
+    cursor = OutboxCursor.parse(first.cursor)
+    assert cursor.pending == {}
+    assert cursor.after == int(_ledger().query("SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"])
+
+    # No new events: nothing again (the run key would also stop a duplicate).
+    assert _outbox_tick(instance, first.cursor).run_requests == []
+
+    # The requested run is a valid run of storm_job: it finishes the partition.
+    job = defs.resolve_job_def("storm_job")
+    done = job.execute_in_process(partition_key=KEY, asset_selection=req.asset_selection, instance=instance,
+                                  tags=req.tags, raise_on_error=False)
+    assert done.success
+    heads = _heads(KEY)
+    assert [heads[p.name].status for p in PHASES] == ["COMPLETED"] * 4
+    assert heads["ingest"].attempt == 1  # ingest was not run again
+    # Its events (enrich..present) come after: the partition moved on, nothing to request.
+    after = _outbox_tick(instance, first.cursor)
+    assert after.run_requests == []
+    assert OutboxCursor.parse(after.cursor).pending == {}
+
+
+def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, str], instance) -> None:
+    from assets import ingest
+    from assets.materialize import build_runner
+    from assets.runner import PartitionRef
+    from pipeline.definitions import defs
+
+    job = defs.resolve_job_def("storm_job")
+    run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED,
+                                      tags={"dagster/partition": KEY})
+    runner = build_runner(None, **_resources())  # type: ignore[arg-type]
+    runner.run_id = run.run_id
+    runner.run(INGEST, PartitionRef.parse(KEY, runner.regions), ingest.compute, ingest.grade)
+    ingest_event = _completed_event(KEY, "ingest")
+
+    first = _outbox_tick(instance, None)
+    assert first.run_requests == []
+    cursor = OutboxCursor.parse(first.cursor)
+    assert cursor.after >= ingest_event
+    assert set(cursor.pending or {}) == {KEY}
+    assert cursor.pending[KEY].event_id == ingest_event and cursor.pending[KEY].run_id == run.run_id
+
+    # Still running: still pending, across ticks, though no new event arrives.
+    second = _outbox_tick(instance, first.cursor)
+    assert second.run_requests == []
+    assert set(OutboxCursor.parse(second.cursor).pending or {}) == {KEY}
+
+    # The worker died between phases: the run is marked failed; the next tick continues the partition.
+    instance.report_run_failed(instance.get_run_by_id(run.run_id))
+    third = _outbox_tick(instance, second.cursor)
+    assert [r.run_key for r in third.run_requests] == [f"outbox:{ingest_event}"]
+    assert [k.to_user_string() for k in third.run_requests[0].asset_selection] == ASSETS[1:]
+    assert OutboxCursor.parse(third.cursor).pending == {}
+
+
+def test_outbox_reports_failures_and_reads_in_batches(sl_env: dict[str, str], instance) -> None:
+    result = _materialize_with_failing_enrich_grader(KEY, instance)
+    assert not result.success
+    ledger = _ledger()
+    decision = evaluate_outbox(ledger, instance, OutboxCursor.parse(None), batch=2)
+    # Batch of two events (ingest PENDING, ingest COMPLETED): the ingest completion is a candidate,
+    # but it is not the partition's latest event (enrich came after), so nothing is requested.
+    assert decision.cursor.after == 2
+    assert decision.requests == []
+    rest = evaluate_outbox(ledger, instance, decision.cursor)
+    failed = [line for line in rest.lines if line.startswith("FAILED")]
+    assert len(failed) == 1 and "enrich" in failed[0] and "GraderError" in failed[0]
+    assert rest.requests == []
+
+
+# ---- a failing grader stops the phases after it -------------------------------------------------
+def _failing_enrich_asset() -> dg.AssetsDefinition:
+    from assets import enrich
+    from assets.ingest import ingested_batch
+    from assets.materialize import grader_spec, materialize_phase
+    from assets.partitions import PARTITIONS
+    from assets.runner import Check
+    from resources.lake import LakeResource
+    from resources.landing import LandingResource
+    from resources.ledger import LedgerResource
+    from resources.publisher import PublisherResource
+
+    def failing_grade(io, out):
+        yield from enrich.grade(io, out)
+        yield Check("one_row_per_outage", False,
+                    f"{out.figures['outages'] + 1} enriched rows for {out.figures['input_outages']} ingested outages")
+
+    @dg.asset(name=ENRICH.asset, partitions_def=PARTITIONS, deps=[ingested_batch], group_name="storm",
+              check_specs=[grader_spec(ENRICH)])
+    def enriched_outages(context: dg.AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+                         landing: LandingResource, publisher: PublisherResource):
+        yield from materialize_phase(context, ENRICH, enrich.compute, failing_grade, ledger=ledger, lake=lake,
+                                     landing=landing, publisher=publisher)
+
+    return enriched_outages
+
+
+def _materialize_with_failing_enrich_grader(key: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    from assets.correlate import storm_correlation
+    from assets.ingest import ingested_batch
+    from assets.present import operational_picture
+
+    return dg.materialize([ingested_batch, _failing_enrich_asset(), storm_correlation, operational_picture],
+                          partition_key=key, resources=_resources(), instance=instance, raise_on_error=False)
+
+
+def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, str], instance) -> None:
+    from tests.helpers import table_versions
+
+    result = _materialize_with_failing_enrich_grader(KEY, instance)
+    assert not result.success
+
+    # Dagster: ingest materialized, enrich failed, correlate and present never ran.
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert materialized == {INGEST.asset}
+    failed_steps = {e.step_key for e in result.all_events if e.is_step_failure}
+    assert failed_steps == {ENRICH.asset}
+    started = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
+    assert started == {INGEST.asset, ENRICH.asset}
+
+    # The asset check evaluation is recorded as failed, in the run and in the instance.
+    evals = {(e.asset_check_key.asset_key.to_user_string(), e.passed) for e in result.get_asset_check_evaluations()}
+    assert (ENRICH.asset, False) in evals
+    record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(dg.AssetKey(ENRICH.asset), "grader"))
+    assert record is not None and record.status.value == "FAILED"
+    assert record.evaluation is not None and record.evaluation.passed is False
+    assert "one_row_per_outage" in (record.evaluation.description or "")
+
+    # The ledger: enrich FAILED with the grader's error, no COMPLETED enrich, nothing after it.
+    heads = _heads(KEY)
+    assert heads["ingest"].status == "COMPLETED"
+    assert heads["enrich"].status == "FAILED"
+    assert heads["enrich"].error_class == "GraderError"
+    assert "one_row_per_outage" in heads["enrich"].error_message
+    assert "correlate" not in heads and "present" not in heads
+    completed = _ledger().query(
+        "SELECT count(*) AS n FROM checkpoints WHERE partition_key = %s AND phase <> 'ingest' AND status = 'COMPLETED'",
+        (KEY,))
+    assert completed[0]["n"] == 0
+    # Nothing of enrich reached the lake (the grade runs before any write).
+    from resources.settings import load_settings
+
+    assert table_versions(load_settings().lake)["outages_enriched"] is None
+    assert _ledger().receipts(partition_key=KEY) == []
+
+    # With the real grader, the same partition goes on from enrich: ingest is reused.
+    again = materialize(KEY, instance=instance)
+    assert again.success
+    heads = _heads(KEY)
+    assert [heads[p.name].status for p in PHASES] == ["COMPLETED"] * 4
+    assert heads["ingest"].attempt == 1
+    assert heads["enrich"].attempt == 2
+
+
+def test_sensors_are_registered_stopped() -> None:
+    from pipeline.definitions import defs
+
+    for name in ("landing_sensor", "outbox_sensor"):
+        sensor = defs.resolve_sensor_def(name)
+        assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+        assert sensor.job_name == "storm_job"

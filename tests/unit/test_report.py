@@ -1,0 +1,191 @@
+"""Unit tests of `stormlake report` (pipeline/report.py) against a real PostgreSQL ledger."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from assets.phases import PHASES
+from pipeline.report import render_report_with_images, write_report
+from resources.ledger import Ledger
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+IMG_RE = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+NASTY = '<script>alert("boom")</script> & rows > 0 were \'quarantined\''
+
+
+def _claim(ledger: Ledger, key: str, phase: str, run_id: str, input_hash: str = "h1"):
+    day, _, region = key.partition("|")
+    d = ledger.decide(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
+                      schema_version=1, code_version="1", run_id=run_id, claim=True)
+    assert d.claim is not None
+    return d.claim
+
+
+def _complete(ledger: Ledger, key: str, phase: str, run_id: str) -> None:
+    p = next(p for p in PHASES if p.name == phase)
+    claim = _claim(ledger, key, phase, run_id)
+    ledger.complete(claim, state_hash=f"s-{key}-{phase}", summary={"upstream": {}}, tier=p.tier,
+                    tier_label=p.tier_label, run_id=run_id)
+
+
+def _deliver(ledger: Ledger, key: str, digest: str, target: str, *, delivered: bool = True) -> str:
+    day, _, region = key.partition("|")
+    artifact = f"{region}/{day}/summary.json@{digest}"
+    ledger.prepare_receipt(artifact_id=artifact, target=target, partition_key=key, region_id=region, day=day,
+                           kind="summary.json", content_hash=digest * 4, size_bytes=123,
+                           target_ref=f"published/{region}/{day}/summary.json", checkpoint_id=None)
+    if delivered:
+        ledger.mark_delivered(artifact, target, {"ok": True})
+    return artifact
+
+
+@pytest.fixture
+def populated(ledger: Ledger) -> Ledger:
+    # gulf_coast 2026-09-01: published, delivered twice (a second revision supersedes the first)
+    key = "2026-09-01|gulf_coast"
+    for phase in ("ingest", "enrich", "correlate", "present"):
+        _complete(ledger, key, phase, "run-aaa")
+    _deliver(ledger, key, "0123456789abcdef", "file")
+    _deliver(ledger, key, "0123456789abcdef", "webhook")
+    _deliver(ledger, key, "fedcba9876543210", "file")
+    _deliver(ledger, key, "fedcba9876543210", "webhook", delivered=False)  # still PENDING
+    # pine_belt 2026-09-01: ingested, enrich failed twice with a message that needs escaping
+    key = "2026-09-01|pine_belt"
+    _complete(ledger, key, "ingest", "run-bbb")
+    for run in ("run-bbb", "run-ccc"):
+        claim = _claim(ledger, key, "enrich", run)
+        assert ledger.fail(claim, error_class="QualityGateError", error_message=NASTY, run_id=run)
+    # red_hills 2026-09-02: ingest claimed and still PENDING; gulf_coast 2026-09-02: correlated
+    _claim(ledger, "2026-09-02|red_hills", "ingest", "run-ddd")
+    for phase in ("ingest", "enrich", "correlate"):
+        _complete(ledger, "2026-09-02|gulf_coast", phase, "run-eee")
+    return ledger
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(b, validate=True) for b in IMG_RE.findall(page)]
+
+
+def test_report_shows_where_every_batch_stands(populated: Ledger, tmp_path: Path) -> None:
+    out = tmp_path / "nested" / "report.html"
+    write_report(populated, out)
+    assert out.is_file()
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # no temporary file left behind
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    for region in ("gulf_coast", "pine_belt", "red_hills"):
+        assert region in page
+    # the failed partition's error, escaped, with its class, attempts and last run id
+    assert html.escape(NASTY, quote=True) in page
+    assert "<script>" not in page and NASTY not in page
+    attention = page[page.index('id="attention"'):page.index('id="regions"')]
+    assert "QualityGateError" in attention and "run-ccc" in attention
+    row = next(r for r in attention.split("<tr>") if "pine_belt" in r)
+    assert "enrich" in row and "FAILED" in row and "<td class=num>2</td>" in row
+    assert "red_hills" in attention and "PENDING" in attention
+    assert "2026-09-01</td><td>gulf_coast" not in attention  # published, nothing to do
+    # headline: 4 partitions, one per tier 0, 1, 3, 4; one failed phase; one pending receipt
+    headline = page[page.index('id="headline"'):page.index('id="heatmap"')]
+    assert re.search(r'partitions</div><div class="v">4<', headline)
+    for tier, n in ((0, 1), (1, 1), (2, 0), (3, 1), (4, 1)):
+        assert re.search(rf'tier {tier} [^<]*</div><div class="v">{n}<', headline), tier
+    assert re.search(r'failed phases</div><div class="v">1<', headline)
+    assert re.search(r'pending receipts</div><div class="v">1<', headline)
+    assert "last activity" in headline and "UTC" in headline
+    # deliveries: counts per target, and the later revision names the one it supersedes
+    deliveries = page[page.index('id="deliveries"'):page.index('id="activity"')]
+    assert "gulf_coast/2026-09-01/summary.json@fedcba9876543210" in deliveries
+    assert "<td class=mono>gulf_coast/2026-09-01/summary.json@0123456789abcdef</td>" in deliveries  # supersedes
+    assert "file: 2 delivered, 0 pending" in deliveries and "webhook: 1 delivered, 1 pending" in deliveries
+    # two pictures, inline PNGs; nothing fetched from the network
+    images = _images(page)
+    assert len(images) == 2
+    assert all(img.startswith(PNG_MAGIC) and len(img) > 2000 for img in images)
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r'(src|href)="(?!data:|#)', page)
+
+
+def test_images_are_returned_and_match_the_page(populated: Ledger) -> None:
+    page, images = render_report_with_images(populated)
+    assert set(images) == {"heatmap.png", "phases.png"}
+    assert sorted(_images(page)) == sorted(images.values())
+
+
+def test_empty_ledger_says_nothing_has_run(ledger: Ledger, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    write_report(ledger, out)
+    page = out.read_text(encoding="utf-8")
+    assert "Nothing has run yet" in page
+    assert "stormlake demo" in page
+    assert _images(page) == []
+    assert "http://" not in page and "https://" not in page
+
+
+def test_rewrite_replaces_the_page(populated: Ledger, ledger: Ledger, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    out.write_text("old page", encoding="utf-8")
+    write_report(populated, out)
+    first = out.read_text(encoding="utf-8")
+    assert "old page" not in first and "pine_belt" in first
+    _complete(ledger, "2026-09-02|red_hills", "ingest", "run-fff")  # takes over the PENDING claim
+    write_report(ledger, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+    assert "run-fff" in out.read_text(encoding="utf-8")
+
+
+def test_cli_report_writes_to_home(sl_env: dict[str, str], pg_dsn: str) -> None:
+    from pipeline.cli import main
+
+    assert main(["report"]) == 0
+    page = (Path(sl_env["STORMLAKE_HOME"]) / "report.html").read_text(encoding="utf-8")
+    assert "Nothing has run yet" in page
+
+
+def test_thousands_of_partitions_render_quickly(ledger: Ledger, pg_dsn: str, tmp_path: Path) -> None:
+    """60 regions x 80 days = 4,800 partitions, 19,200 heads and their events, written in SQL."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            """
+            WITH parts AS (
+                SELECT 'r' || lpad(r::text, 2, '0') AS region_id,
+                       to_char(date '2026-09-01' + d, 'YYYY-MM-DD') AS day, r, d
+                FROM generate_series(1, 60) r, generate_series(0, 79) d
+            ), phases AS (
+                SELECT * FROM (VALUES ('ingest', 1), ('enrich', 2), ('correlate', 3), ('present', 4)) v(phase, tier)
+            )
+            INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash, idempotency_key, status,
+                                     state_hash, schema_version, code_version, first_seq, seq, attempt, tier,
+                                     tier_label, run_id, error_class, error_message, completed_at, summary)
+            SELECT day || '|' || region_id, region_id, day, phase, 'h', md5(day || region_id || phase),
+                   CASE WHEN (r * 7 + d) % 53 = 0 AND tier = 2 THEN 'FAILED'
+                        WHEN (r + d) % 41 = 0 AND tier = 3 THEN 'PENDING' ELSE 'COMPLETED' END,
+                   's', 1, '1', 1, 1, 1 + ((r + d) % 9 = 0)::int, tier, 'x', 'run-' || d,
+                   CASE WHEN (r * 7 + d) % 53 = 0 AND tier = 2 THEN 'ValueError' END,
+                   CASE WHEN (r * 7 + d) % 53 = 0 AND tier = 2 THEN 'bad <row> ' || r END,
+                   now(), '{}'::jsonb
+            FROM parts, phases
+            WHERE tier <= 4 - ((r * 3 + d) % 11 = 0)::int - ((r * 5 + d) % 13 = 0)::int
+            """
+        )
+        conn.execute(
+            """
+            INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,
+                                           input_hash, seq, attempt, tier, run_id, at)
+            SELECT id, partition_key, region_id, day, phase, s.status, 'h', 1, 1, tier, run_id,
+                   now() - interval '1 hour' + s.off * (1 + (id % 17)) * interval '1 second'
+            FROM checkpoints, (VALUES ('PENDING', 0), ('COMPLETED', 1)) s(status, off)
+            WHERE checkpoints.status = 'COMPLETED' OR s.status = 'PENDING'
+            """
+        )
+    out = tmp_path / "big.html"
+    write_report(ledger, out)
+    page = out.read_text(encoding="utf-8")
+    assert len(_images(page)) == 2
+    assert 'partitions</div><div class="v">4800<' in page
+    assert "bad &lt;row&gt;" in page
