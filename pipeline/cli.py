@@ -308,8 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
     import warnings
 
+    # The ledger reports connection trouble as one line of its own; the pool's per-try log
+    # lines would only repeat it.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     parser = build_parser()

@@ -147,7 +147,7 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     from pipeline.jobs import STORM_JOB
 
     job = defs.resolve_job_def(STORM_JOB)
-    runner = build_runner(None, **build_resources())  # type: ignore[arg-type]
+    runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
     runs: list[PartitionRun] = []
     try:
         instance = dg.DagsterInstance.get()

@@ -35,7 +35,14 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from resources.errors import FencingError, LeaseTimeout, LedgerError, LedgerUnavailable, MigrationError
+from resources.errors import (
+    ConfigError,
+    FencingError,
+    LeaseTimeout,
+    LedgerError,
+    LedgerUnavailable,
+    MigrationError,
+)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK = 7_406_001  # advisory lock id serialising migrations between processes
@@ -573,6 +580,10 @@ _LEDGERS_LOCK = threading.Lock()
 
 def get_ledger(dsn: str) -> Ledger:
     """The process-wide ledger for ``dsn`` (one pool per process), migrated on first use."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError("the ledger DSN (STORMLAKE_PG_DSN) is not a valid PostgreSQL connection string") from None
     key = (os.getpid(), dsn)
     with _LEDGERS_LOCK:
         ledger = _LEDGERS.get(key)

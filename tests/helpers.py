@@ -39,8 +39,10 @@ def read_table(root: str, table: str, key: str = KEY) -> pd.DataFrame:
     if version is None:
         return pd.DataFrame()
     df = lk.read_partition(table, region, day, version=version).to_pandas()
-    cols = [c for c in df.columns if df[c].map(lambda v: not isinstance(v, list | tuple) and not hasattr(v, "tolist")).all()]
-    return df.sort_values(cols).reset_index(drop=True) if len(df) else df
+    if not len(df):
+        return df
+    cols = [c for c in df.columns if not df[c].map(lambda v: isinstance(v, list | tuple) or hasattr(v, "tolist")).any()]
+    return df.sort_values(cols).reset_index(drop=True)
 
 
 def table_versions(root: str) -> dict[str, int | None]:

