@@ -28,15 +28,26 @@ from resources.publisher import PublisherResource
 from resources.settings import load_settings
 
 
-def build_resources() -> dict[str, dg.ConfigurableResource]:
+def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResource]:
+    """The resources of the code location.
+
+    Secrets are ``dg.EnvVar`` references, resolved by Dagster inside a run. ``resolved=True``
+    puts the values themselves in, for using the resources outside a run (the CLI's preflight).
+    """
     s = load_settings()
+
+    def secret(name: str, value: str | None) -> str:
+        if not value:
+            return ""
+        return value if resolved else dg.EnvVar(name)  # type: ignore[return-value]
+
     return {
-        "ledger": LedgerResource(dsn=dg.EnvVar("STORMLAKE_PG_DSN") if s.pg_dsn else "", pgdata=str(s.pgdata)),
+        "ledger": LedgerResource(dsn=secret("STORMLAKE_PG_DSN", s.pg_dsn), pgdata=str(s.pgdata)),
         "lake": LakeResource(root=s.lake),
         "landing": LandingResource(root=str(s.landing), regions_file=str(s.regions_file)),
         "publisher": PublisherResource(
             publish_dir=str(s.publish_dir),
-            webhook_url=dg.EnvVar("STORMLAKE_WEBHOOK_URL") if s.webhook_url else "",
+            webhook_url=secret("STORMLAKE_WEBHOOK_URL", s.webhook_url),
             webhook_timeout_s=s.webhook_timeout_s,
             webhook_tries=s.webhook_tries,
             webhook_backoff_s=s.webhook_backoff_s,
