@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from resources.publisher import Artifact, Target
 from resources.settings import Region
 
 Log = Callable[[str], None]
+_log = logging.getLogger("stormlake.runner")
 
 
 class UpstreamNotReady(StormlakeError):
@@ -81,12 +83,32 @@ class Outcome:
 
 
 def table_hash(table: pa.Table) -> str:
-    """Content hash of a table: sha256 of its Arrow IPC stream (chunks combined first)."""
-    sink = pa.BufferOutputStream()
-    table = table.combine_chunks()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return hashlib.sha256(sink.getvalue()).hexdigest()
+    """Content hash of a table: sha256 over its schema and each column's Arrow buffers.
+
+    Columns are combined into one chunk with no offset first, so the same values always give
+    the same buffers; hashing the buffers in place avoids serialising a copy of the table.
+    """
+    h = hashlib.sha256(table.schema.to_string().encode())
+    h.update(str(table.num_rows).encode())
+    for column in table.columns:
+        chunks = column.chunks
+        array = chunks[0] if len(chunks) == 1 else column.combine_chunks()
+        if len(chunks) == 0:
+            continue
+        if array.offset:
+            array = pa.concat_arrays([array])  # materialise a sliced array at offset 0
+        _hash_array(h, array)
+    return h.hexdigest()
+
+
+def _hash_array(h: Any, array: pa.Array) -> None:
+    h.update(b"|")
+    for buf in array.buffers():
+        if buf is None:
+            h.update(b"-")
+        else:
+            h.update(memoryview(buf))
+    # Nested types (list<string>) carry their children's buffers in array.buffers() already.
 
 
 def _hash_json(obj: Any) -> str:
@@ -238,7 +260,7 @@ class PhaseRunner:
                 return Outcome(phase.name, part.key, "SKIPPED", decision.head)
             claim = decision.claim
             assert claim is not None
-            self.log(f"{phase.name} {part.key}: attempt {claim.checkpoint.attempt} (seq {claim.seq})")
+            _log.info("%s %s: attempt %s (seq %s)", phase.name, part.key, claim.checkpoint.attempt, claim.seq)
             faults.check("after_lease", phase=phase.name, partition_key=part.key)
             try:
                 outcome = self._attempt(phase, part, ups, claim, basis, compute, grader)
@@ -340,8 +362,8 @@ class PhaseRunner:
                 io.call("deliver", f"{target.name}:{artifact.kind}",
                         {"artifact_id": artifact.artifact_id, "target": target.name}, send)
                 delivered.append(f"{target.name}:{artifact.artifact_id}")
-                self.log(f"delivered {artifact.artifact_id} to {target.name}"
-                         + (f" (supersedes {rec.supersedes})" if rec.supersedes else ""))
+                _log.info("delivered %s to %s%s", artifact.artifact_id, target.name,
+                          f" (supersedes {rec.supersedes})" if rec.supersedes else "")
         return delivered, count
 
 

@@ -328,14 +328,18 @@ def _resolve_preflight_resources() -> bool:
     ledger's ``dsn`` is the ``EnvVar`` object itself and the connection fails. The Dagster runs
     themselves resolve it; only the preflight needs the value. Returns whether it was needed.
     """
+    import inspect
+
     import dagster as dg
 
     import pipeline.definitions as definitions
 
     original = definitions.build_resources
+    if "resolved" in inspect.signature(original).parameters:
+        return False  # fixed upstream: run_partitions asks for resolved resources
 
-    def build() -> dict[str, Any]:
-        resources = original()
+    def build(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        resources = original(*args, **kwargs)
         led = resources["ledger"]
         if isinstance(led.dsn, dg.EnvVar):
             resources["ledger"] = type(led)(dsn=led.dsn.get_value() or "", pgdata=led.pgdata)

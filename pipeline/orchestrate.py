@@ -151,6 +151,9 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     runs: list[PartitionRun] = []
     try:
         instance = dg.DagsterInstance.get()
+        # dagster-postgres opens a new connection per storage call by default (NullPool); a
+        # CLI process running many runs back to back keeps a small pool instead.
+        instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
     except Exception as exc:
         if _db_down(exc):
             raise LedgerUnavailable(

@@ -25,6 +25,13 @@ from resources.errors import LakeError
 APP_KEY = "stormlake.app_id"
 SEQ_KEY = "stormlake.seq"
 
+# Tables known to exist (per process): a Lake object is rebuilt in every step.
+_CREATED: set[str] = set()
+# The partitions this process wrote last, by (table uri, region, day, version): the next phase
+# of the same run reads them back at exactly that version, so it is served from memory instead
+# of a Parquet scan. Only the latest partition is kept, which bounds the memory.
+_WRITTEN: dict[tuple[str, str, str, int], pa.Table] = {}
+
 
 @dataclass(frozen=True)
 class WriteResult:
@@ -49,16 +56,15 @@ class Lake:
         self.root = root
         self.schemas = schemas
         self.partition_by = partition_by
-        self._created: set[str] = set()
 
     def uri(self, table: str) -> str:
         return self.root.rstrip("/") + "/" + table
 
     def ensure_table(self, table: str) -> None:
         """Create the table (empty, partitioned) unless it exists; safe against a creation race."""
-        if table in self._created:
-            return
         uri = self.uri(table)
+        if uri in _CREATED:
+            return
         if "://" not in uri:
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(5):
@@ -73,7 +79,7 @@ class Lake:
                 if attempt == 4:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
                 time.sleep(0.1 * (attempt + 1))
-        self._created.add(table)
+        _CREATED.add(uri)
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
@@ -90,6 +96,9 @@ class Lake:
         Scans single-threaded: a threaded pyarrow scan of a Delta table has been seen to abort
         the interpreter at exit with deltalake 1.6 and pyarrow 26.
         """
+        cached = _WRITTEN.get((self.uri(table), region_id, day, version))
+        if cached is not None:
+            return cached if columns is None else cached.select(columns)
         dt = self.table(table, version)
         ds = dt.to_pyarrow_dataset()
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
@@ -146,11 +155,22 @@ class Lake:
                 continue
             except DeltaError as exc:
                 raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
-            version = self.committed_version(table, app, seq)
+            # The handle now stands at our commit's version; confirm from that commit's info
+            # (one log file) and fall back to a history search if anything disagrees.
+            version = dt.version()
+            entry = DeltaTable(self.uri(table), version=version).history(1)
+            if not entry or entry[0].get(APP_KEY) != app or str(entry[0].get(SEQ_KEY)) != str(seq):
+                version = self.committed_version(table, app, seq)
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
+            self._remember(table, region_id, day, version, data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
+
+    def _remember(self, table: str, region_id: str, day: str, version: int, data: pa.Table) -> None:
+        if any(k[1:3] != (region_id, day) for k in _WRITTEN):
+            _WRITTEN.clear()
+        _WRITTEN[(self.uri(table), region_id, day, version)] = data
 
     def latest_version(self, table: str) -> int | None:
         uri = self.uri(table)

@@ -1,0 +1,47 @@
+"""``stormlake bench --json``: the contract section 9 shape, on a tiny scenario (no timing targets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import REPO
+
+RUN_KEYS = {"wall_s", "rows_per_s", "peak_rss_mb"}
+
+
+@pytest.mark.e2e
+def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMLAKE_", "DAGSTER_"))}
+    env.update({"STORMLAKE_HOME": str(tmp_path / "home"), "STORMLAKE_PG_DSN": pg_dsn})
+    exe = Path(sys.executable).with_name("stormlake")
+    proc = subprocess.run([str(exe), "bench", "--json", "--partitions", "2", "--rows-per-partition", "2000"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+
+    assert set(out) == {"config", "runs", "ratios", "checkpoint_commit_ms"}
+    assert out["config"] == {"partitions": 2, "rows_per_partition": 2000}
+    assert set(out["runs"]) == {"bare", "pipeline", "rerun", "resume"}
+    for name, run in out["runs"].items():
+        assert set(run) == RUN_KEYS, name
+        assert all(isinstance(v, (int, float)) and v > 0 for v in run.values()), (name, run)
+    ratios = out["ratios"]
+    assert set(ratios) == {"pipeline_vs_bare", "rerun_vs_pipeline", "resume_vs_pipeline", "resume_target"}
+    assert all(v > 0 for v in ratios.values()), ratios
+    # The re-run found every partition published: it did no work, so it is far cheaper.
+    assert ratios["rerun_vs_pipeline"] < 1
+    assert 0.05 < ratios["resume_target"] <= 1.05
+    commit = out["checkpoint_commit_ms"]
+    assert set(commit) == {"p50", "p99"}
+    assert 0 < commit["p50"] <= commit["p99"]
+    # The scratch databases are gone.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'stormlake_bench_%'").fetchall()
+    assert not [d for (d,) in left if d.split("_")[2] == str(proc.pid)]
