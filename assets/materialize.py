@@ -76,24 +76,35 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
                       ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
                       publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
     keys = context.partition_keys
+    outcomes: list[Outcome] = []
+    failures: list[tuple[str, StormlakeError]] = []
     try:
         runner = build_runner(context, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
         regions = runner.regions
-        outcomes: list[Outcome] = []
         for key in keys:
             day, region_id = split_key(key)
             part = PartitionRef.parse(f"{day}|{region_id}", regions)
-            outcomes.append(runner.run(phase, part, compute, grader))
+            try:
+                outcomes.append(runner.run(phase, part, compute, grader))
+            except StormlakeError as exc:
+                if exc.transient or len(keys) == 1:
+                    raise
+                failures.append((key, exc))  # a range run: the other partitions go on
     except StormlakeError as exc:
-        partition = keys[0] if len(keys) == 1 else f"{len(keys)} partitions"
-        message = f"{phase.name} of {partition} failed: {exc}"
         if exc.transient:
             raise
-        if exc.__class__.__name__ == "GraderError":
+        failures.append((keys[0] if len(keys) == 1 else "?", exc))
+    if failures:
+        key, exc = failures[0]
+        message = f"{phase.name} of {key} failed: {exc}"
+        if len(failures) > 1:
+            message += f" (and {len(failures) - 1} more partitions of this run)"
+        if any(e.__class__.__name__ == "GraderError" for _, e in failures):
             yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=phase.asset,
-                                      severity=dg.AssetCheckSeverity.ERROR, description=str(exc))
+                                      severity=dg.AssetCheckSeverity.ERROR, description=message)
         raise dg.Failure(description=message, allow_retries=False,
-                         metadata={"error_class": exc.__class__.__name__}) from exc
+                         metadata={"error_class": exc.__class__.__name__,
+                                   "failed_partitions": dg.MetadataValue.json([k for k, _ in failures])}) from exc
 
     if len(outcomes) == 1:
         outcome = outcomes[0]
@@ -105,7 +116,13 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
             "completed": sum(o.status == "COMPLETED" for o in outcomes),
             "skipped": sum(o.status == "SKIPPED" for o in outcomes),
         })
-    checks: list[Check] = [c for o in outcomes for c in o.checks]
+    checks: list[Check] = []
+    for o in outcomes:
+        if o.status == "SKIPPED":  # the grader passed when the checkpoint was committed
+            recorded = (o.checkpoint.summary or {}).get("checks", {})
+            checks.extend(Check(name, bool(ok), "recorded in the checkpoint") for name, ok in recorded.items())
+        else:
+            checks.extend(o.checks)
     yield dg.AssetCheckResult(
         check_name="grader",
         asset_key=phase.asset,

@@ -30,6 +30,15 @@ from resources.settings import Region
 Log = Callable[[str], None]
 _log = logging.getLogger("stormlake.runner")
 
+#: Callables told of every phase outcome in this process: (phase, partition_key, status,
+#: delivered artifact ids). The CLI's progress display listens here while a run executes.
+OUTCOME_LISTENERS: list[Callable[[str, str, str, tuple[str, ...]], None]] = []
+
+
+def _notify(phase: str, key: str, status: str, delivered: tuple[str, ...] = ()) -> None:
+    for listener in list(OUTCOME_LISTENERS):
+        listener(phase, key, status, delivered)
+
 
 class UpstreamNotReady(StormlakeError):
     """An earlier phase of the partition has no COMPLETED checkpoint yet."""
@@ -209,6 +218,9 @@ class PhaseRunner:
             basis["files"] = self.landing.digests(part.region.region_id, part.day)
             basis["known_regions"] = sorted(self.regions)
         basis["upstream"] = {name: cp.state_hash for name, cp in sorted(ups.items())}
+        # A new schema or code version upstream recomputes this phase even when the upstream
+        # output happens to be identical: "that phase and every phase after it recompute".
+        basis["upstream_versions"] = {name: [cp.schema_version, cp.code_version] for name, cp in sorted(ups.items())}
         if phase.name == "present":
             basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
                                       for t in self.targets)
@@ -236,6 +248,15 @@ class PhaseRunner:
         return True
 
     def run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None = None) -> Outcome:
+        try:
+            outcome = self._run(phase, part, compute, grader)
+        except BaseException:
+            _notify(phase.name, part.key, "FAILED")
+            raise
+        _notify(phase.name, part.key, outcome.status, outcome.delivered)
+        return outcome
+
+    def _run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None) -> Outcome:
         ups = self.upstream(phase, part)
         ih, basis = self.input_hash(phase, part, ups)
         args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,

@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     # The ledger reports connection trouble as one line of its own; the pool's per-try log
     # lines would only repeat it.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    logging.getLogger().setLevel(logging.ERROR)  # Dagster's storage retries log warnings on the root logger
     warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     parser = build_parser()

@@ -7,6 +7,8 @@ whether there is work; a partition that is already published costs one skip per 
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +20,12 @@ from assets.phases import PHASES
 from resources.errors import LedgerUnavailable
 
 ASSET_PHASE = {p.asset: p.name for p in PHASES}
-QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# The CLI prints one line per partition and one per error; Dagster's console log (with its
+# stack traces) stays out of the terminal. Everything is still in the run's event log.
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+LAUNCHED_BY = "stormlake/launched_by"
+PID_TAG = "stormlake/pid"
+HOST_TAG = "stormlake/host"
 # Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:
 # later partitions would fail the same way, so a backfill stops at the first one.
 DB_DOWN_CLASSES = {"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"}
@@ -56,7 +63,9 @@ def _failure_message(event: dg.DagsterEvent) -> str:
     if data.user_failure_data is not None and data.user_failure_data.description:
         return data.user_failure_data.description
     err = data.error
-    while err is not None and err.cause is not None and err.cls_name in ("DagsterExecutionStepExecutionError",):
+    # Unwrap Dagster's wrappers (step execution, exhausted retry policy) down to our error.
+    while err is not None and err.cause is not None and err.cls_name in (
+        "DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested"):
         err = err.cause
     if err is None:
         return "failed"
@@ -87,7 +96,8 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
             data = event.step_failure_data
             if run.error_class is None and data is not None and data.error is not None:
                 err = data.error
-                while err.cause is not None and err.cls_name == "DagsterExecutionStepExecutionError":
+                while err.cause is not None and err.cls_name in (
+                        "DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested"):
                     err = err.cause
                 run.error_class = err.cls_name
     if not result.success and run.error is None:
@@ -135,13 +145,102 @@ class Progress:
         self.stream.flush()
 
 
-def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
-                   on_result: Callable[[PartitionRun], None] | None = None) -> list[PartitionRun]:
-    """Run each partition key through ``storm_job``, in order, in this process.
+def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
+    """Mark runs of CLI processes that died (SIGKILL, power loss) as failed and free their slots.
 
-    With ``preflight`` (the default), a partition whose every phase would skip launches no run.
+    A run executed in-process by a CLI that was killed stays STARTED for ever and keeps its
+    concurrency-pool slots, so later runs would wait on them. The daemon's run monitoring does
+    this for the runs it launched; the CLI does it for its own, by pid on this host.
+    """
+    host = socket.gethostname()
+    reaped = 0
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={LAUNCHED_BY: "cli", HOST_TAG: host}),
+        limit=500,
+    )
+    for record in records:
+        run = record.dagster_run
+        try:
+            pid = int(run.tags.get(PID_TAG, "0"))
+            os.kill(pid, 0)
+            alive = pid > 0
+        except (ValueError, ProcessLookupError):
+            alive = False
+        except PermissionError:
+            alive = True
+        if alive:
+            continue
+        instance.report_run_failed(run, "the stormlake process running it died; the next run resumes from the ledger")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        reaped += 1
+    return reaped
+
+
+MAX_PARTITIONS_PER_RUN = 8
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+
+def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[list[str]]:
+    """Split ``keys`` into runs of neighbours in the partitions' own order (each a key range)."""
+    pos = {k: i for i, k in enumerate(order)}
+    groups: list[list[str]] = []
+    current: list[str] = []
+    for key in sorted(keys, key=lambda k: (pos.get(k, len(order)), k)):
+        if current and (key not in pos or current[-1] not in pos or pos[key] != pos[current[-1]] + 1
+                        or len(current) >= max_size):
+            groups.append(current)
+            current = []
+        current.append(key)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, group: list[str], *, tags: dict[str, str],
+              on_done: Callable[[PartitionRun], None]) -> list[PartitionRun]:
+    """One run over a key range; each partition is reported as soon as its last phase is done."""
+    from assets.runner import OUTCOME_LISTENERS
+
+    start = time.monotonic()
+    runs = {k: PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group}
+    last = PHASES[-1].name
+
+    def listen(phase: str, key: str, status: str, delivered: tuple[str, ...]) -> None:
+        run = runs.get(key)
+        if run is None:
+            return
+        run.phases[phase] = status
+        run.delivered.extend(delivered)
+        if phase == last and status in ("COMPLETED", "SKIPPED"):
+            run.ok = True
+            run.seconds = time.monotonic() - start
+            on_done(run)
+
+    OUTCOME_LISTENERS.append(listen)
+    try:
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET,
+                                        tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]})
+    finally:
+        OUTCOME_LISTENERS.remove(listen)
+    for run in runs.values():
+        run.run_id = result.run_id
+    return list(runs.values())
+
+
+def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
+                   max_per_run: int = MAX_PARTITIONS_PER_RUN,
+                   on_result: Callable[[PartitionRun], None] | None = None) -> list[PartitionRun]:
+    """Run the partitions through ``storm_job`` in this process.
+
+    Neighbouring partitions (in the partitions' own order: day, then region) share one run of
+    up to ``max_per_run`` partitions, a key range, which saves Dagster's per-run cost; if a
+    range run fails, its unfinished partitions are run again one per run, so a bad partition
+    holds back no other. With ``preflight`` (the default), partitions whose every phase would
+    skip launch no run at all.
     """
     from assets.materialize import build_runner
+    from assets.partitions import PARTITIONS
     from assets.runner import PartitionRef
     from pipeline.definitions import build_resources, defs
     from pipeline.jobs import STORM_JOB
@@ -160,32 +259,60 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
                 "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
             ) from exc
         raise
+    tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+
+    def report(run: PartitionRun) -> None:
+        runs.append(run)
+        if progress:
+            progress.finished(run)
+        if on_result:
+            on_result(run)
+
+    def single(key: str) -> PartitionRun:
+        start = time.monotonic()
+        if progress:
+            progress.starting(key)
+        try:
+            return run_partition(job, instance, key, tags=tags)
+        except Exception as exc:  # Dagster's storage failing under the run
+            if not _db_down(exc):
+                raise
+            return PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
+                                error="PostgreSQL unreachable (ledger and Dagster storage); "
+                                      "start it again, then re-run the same command to resume",
+                                error_class="LedgerUnavailable")
+
     with instance:
+        reap_dead_cli_runs(instance)
+        todo: list[str] = []
         for key in keys:
-            if progress:
-                progress.starting(key)
             start = time.monotonic()
             if preflight and runner.preflight(PartitionRef.parse(key, runner.regions)):
                 # Every phase is already done for these inputs: no run to launch.
-                run = PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
-                                   phases={p.name: "SKIPPED" for p in PHASES})
+                report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
+                                    phases={p.name: "SKIPPED" for p in PHASES}))
             else:
-                try:
-                    run = run_partition(job, instance, key, tags={"stormlake/launched_by": "cli"})
-                except Exception as exc:  # Dagster's storage failing under the run
-                    if not _db_down(exc):
-                        raise
-                    run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
-                                       error="PostgreSQL unreachable (ledger and Dagster storage); "
-                                             "start it again, then re-run the same command to resume",
-                                       error_class="LedgerUnavailable")
-            runs.append(run)
-            if progress:
-                progress.finished(run)
-            if on_result:
-                on_result(run)
-            if run.ledger_down:
+                todo.append(key)
+        for group in contiguous_groups(todo, PARTITIONS.get_partition_keys(), max(1, max_per_run)):
+            if runs and runs[-1].ledger_down:
                 break  # every later partition would fail the same way
+            if len(group) == 1:
+                report(single(group[0]))
+                continue
+            if progress:
+                progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
+            try:
+                ranged = run_range(job, instance, group, tags=tags, on_done=report)
+            except Exception as exc:
+                if not _db_down(exc):
+                    raise
+                ranged = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
+            for run in ranged:
+                if run.ok:
+                    continue
+                if runs and runs[-1].ledger_down:
+                    break
+                report(single(run.key))  # unfinished in the range run: alone, for its own error
     if progress:
         progress.close()
     return runs

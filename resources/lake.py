@@ -12,6 +12,7 @@ app transaction versions, so this check is ours to make.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +28,11 @@ SEQ_KEY = "stormlake.seq"
 
 # Tables known to exist (per process): a Lake object is rebuilt in every step.
 _CREATED: set[str] = set()
-# The partitions this process wrote last, by (table uri, region, day, version): the next phase
-# of the same run reads them back at exactly that version, so it is served from memory instead
-# of a Parquet scan. Only the latest partition is kept, which bounds the memory.
-_WRITTEN: dict[tuple[str, str, str, int], pa.Table] = {}
+# Partitions this process wrote recently, by (table uri, region, day, version): a later phase
+# of the same run reads them back at exactly that version, so they are served from memory
+# instead of a Parquet scan. Least recently used first out, within a byte budget.
+_WRITTEN: OrderedDict[tuple[str, str, str, int], pa.Table] = OrderedDict()
+WRITE_CACHE_BYTES = 768 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,10 @@ class Lake:
         Scans single-threaded: a threaded pyarrow scan of a Delta table has been seen to abort
         the interpreter at exit with deltalake 1.6 and pyarrow 26.
         """
-        cached = _WRITTEN.get((self.uri(table), region_id, day, version))
+        key = (self.uri(table), region_id, day, version)
+        cached = _WRITTEN.get(key)
         if cached is not None:
+            _WRITTEN.move_to_end(key)
             return cached if columns is None else cached.select(columns)
         dt = self.table(table, version)
         ds = dt.to_pyarrow_dataset()
@@ -168,9 +172,11 @@ class Lake:
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
     def _remember(self, table: str, region_id: str, day: str, version: int, data: pa.Table) -> None:
-        if any(k[1:3] != (region_id, day) for k in _WRITTEN):
-            _WRITTEN.clear()
         _WRITTEN[(self.uri(table), region_id, day, version)] = data
+        total = sum(t.nbytes for t in _WRITTEN.values())
+        while _WRITTEN and total > WRITE_CACHE_BYTES:
+            _, evicted = _WRITTEN.popitem(last=False)
+            total -= evicted.nbytes
 
     def latest_version(self, table: str) -> int | None:
         uri = self.uri(table)

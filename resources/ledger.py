@@ -189,6 +189,8 @@ class Ledger:
         )
         self._opened = False
         self._open_lock = threading.Lock()
+        # Sessions that held a lease and released it; a lease still dies with its process.
+        self._lease_conns: list[psycopg.Connection] = []
 
     # ---- plumbing ---------------------------------------------------------------------
     def _ensure_open(self) -> None:
@@ -199,6 +201,11 @@ class Ledger:
                     self._opened = True
 
     def close(self) -> None:
+        with self._open_lock:
+            conns, self._lease_conns = self._lease_conns, []
+        for conn in conns:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
         if self._opened:
             self._pool.close()
             self._opened = False
@@ -366,19 +373,21 @@ class Ledger:
         """Record a completed outside call of this attempt (fenced by the attempt's seq)."""
 
         def txn(conn: psycopg.Connection) -> None:
+            # Like a checkpoint completion, a lost record is re-derived (the Delta app
+            # transaction, the receipt), so it need not wait for the WAL flush.
+            conn.execute("SET LOCAL synchronous_commit TO off")
             row = conn.execute(
-                "SELECT seq, status FROM checkpoints WHERE id = %s FOR SHARE", (claim.id,)
+                "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
+                " SELECT id, %s, %s, %s, %s, %s, seq FROM checkpoints"
+                "  WHERE id = %s AND seq = %s AND status = 'PENDING' FOR SHARE"
+                " ON CONFLICT (checkpoint_id, call_key)"
+                " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now() RETURNING 1",
+                (call_key, kind, name, Jsonb(input), Jsonb(output), claim.id, claim.seq),
             ).fetchone()
-            if row is None or row[0] != claim.seq or row[1] != "PENDING":
+            if row is None:
                 raise FencingError(
                     f"attempt seq {claim.seq} of checkpoint {claim.id} lost its lease; not recording {kind} {name}"
                 )
-            conn.execute(
-                "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
-                " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (checkpoint_id, call_key)"
-                " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now()",
-                (claim.id, call_key, kind, name, Jsonb(input), Jsonb(output), claim.seq),
-            )
 
         self._run(txn, what=f"record the call {kind} {name}")
         claim.recorded[call_key] = output
@@ -463,13 +472,17 @@ class Ledger:
         without an operator. Waiting polls, so a caller can show that it is waiting.
         """
         key = _lock_key("stormlake-lease", partition_key, phase)
-        try:
-            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
-        except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(
-                f"ledger unreachable while taking the lease for {phase} of {partition_key}"
-                f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
-            ) from exc
+        with self._open_lock:
+            conn = self._lease_conns.pop() if self._lease_conns else None
+        if conn is None or conn.closed:
+            try:
+                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+            except psycopg.OperationalError as exc:
+                raise LedgerUnavailable(
+                    f"ledger unreachable while taking the lease for {phase} of {partition_key}"
+                    f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
+                ) from exc
+        reusable = False
         try:
             start = time.monotonic()
             delay = 0.05
@@ -482,11 +495,17 @@ class Ledger:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 1.5, 1.0)
             yield
+            # Released explicitly so the session can serve the next lease of this process.
+            reusable = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"ledger connection lost while holding the lease for {phase} of {partition_key}") from exc
         finally:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()  # closing the session releases the advisory lock
+            if reusable:
+                with self._open_lock:
+                    self._lease_conns.append(conn)
+            else:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()  # closing the session releases the advisory lock
 
     # ---- receipts ---------------------------------------------------------------------
     def prepare_receipt(self, *, artifact_id: str, target: str, partition_key: str, region_id: str, day: str,

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ Answer = int | str  # an HTTP status, or "hang"
 class Post:
     index: int
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # names lower-cased: HTTP header names are case-insensitive
     sha256: str
     size: int
     answer: Answer
@@ -69,11 +69,11 @@ class Post:
 
     @property
     def key(self) -> str:
-        return self.headers.get("Idempotency-Key", "")
+        return self.headers.get("idempotency-key", "")
 
     @property
     def kind(self) -> str:
-        return self.headers.get("X-Stormlake-Kind", "")
+        return self.headers.get("x-stormlake-kind", "")
 
     @property
     def accepted(self) -> bool:
@@ -152,11 +152,11 @@ class Consumer:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                headers = {k: v for k, v in self.headers.items()}
+                headers = {k.lower(): v for k, v in self.headers.items()}
                 with consumer._lock:
                     index = len(consumer.posts)
-                    key = headers.get("Idempotency-Key", "")
-                    answer = consumer._answer(index, key, headers.get("X-Stormlake-Kind", ""))
+                    key = headers.get("idempotency-key", "")
+                    answer = consumer._answer(index, key, headers.get("x-stormlake-kind", ""))
                     post = Post(index, self.path, headers, hashlib.sha256(body).hexdigest(), len(body), answer,
                                 time.time())
                     consumer.posts.append(post)
@@ -219,18 +219,18 @@ class Consumer:
 def check_headers(post: Post) -> None:
     """The contract headers of one POST (section 6)."""
     h = post.headers
-    key = h.get("Idempotency-Key")
+    key = h.get("idempotency-key")
     assert key, f"POST #{post.index} without Idempotency-Key: {h}"
-    assert h.get("X-Stormlake-Artifact-Id") == key, h
+    assert h.get("x-stormlake-artifact-id") == key, h
     m = ARTIFACT_ID_RE.match(key)
     assert m, f"artifact id {key!r} is not <region>/<day>/<kind>@<16 hex>"
-    assert h.get("X-Stormlake-Content-SHA256") == post.sha256, f"{key}: header sha256 is not the body's"
+    assert h.get("x-stormlake-content-sha256") == post.sha256, f"{key}: header sha256 is not the body's"
     assert post.sha256[:16] == m["hash"], f"{key}: the id's hash is not the body's sha256 prefix"
-    assert h.get("X-Stormlake-Region") == m["region"], h
-    assert h.get("X-Stormlake-Day") == m["day"], h
-    assert h.get("X-Stormlake-Kind") == m["kind"], h
+    assert h.get("x-stormlake-region") == m["region"], h
+    assert h.get("x-stormlake-day") == m["day"], h
+    assert h.get("x-stormlake-kind") == m["kind"], h
     assert m["kind"] in KINDS, h
-    assert h.get("Content-Type") == CONTENT_TYPES[m["kind"]], h
+    assert h.get("content-type") == CONTENT_TYPES[m["kind"]], h
 
 
 def check_consumer(posts: list[Post], *, partitions: list[str], max_repeats: int = 0) -> dict[str, str]:
@@ -289,22 +289,35 @@ class Result:
 
 def base_env(**extra: str) -> dict[str, str]:
     """The parent's environment without any stormlake setting, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STORMLAKE_") and k != "DAGSTER_HOME"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STORMLAKE_") and k not in ("DAGSTER_HOME", "PYTEST_CURRENT_TEST")}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
 
 
-def run(env: dict[str, str], *args: str, timeout: float = 300, faults: str | None = None) -> Result:
-    """Run ``stormlake *args`` to its end."""
+def run(env: dict[str, str], *args: str, timeout: float = 180, faults: str | None = None) -> Result:
+    """Run ``stormlake *args`` to its end; a run still going after ``timeout`` s is killed and fails the test."""
     e = dict(env)
     if faults:
         e["STORMLAKE_FAULTS"] = faults
     else:
         e.pop("STORMLAKE_FAULTS", None)
-    proc = subprocess.run([STORMLAKE, *args], env=e, capture_output=True, text=True, timeout=timeout,
-                          cwd=str(REPO), start_new_session=True)
-    return Result(list(args), proc.returncode, proc.stdout, proc.stderr)
+    proc = subprocess.Popen([STORMLAKE, *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(REPO), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"stormlake {' '.join(args)} hung: still running after {timeout:.0f} s (killed)\n"
+            f"--- stdout\n{out[-3000:]}\n--- stderr\n{err[-5000:]}"
+        ) from None
+    return Result(list(args), proc.returncode, out, err)
 
 
 def start(env: dict[str, str], *args: str, log: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
@@ -331,7 +344,7 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
-def run_until_ok(env: dict[str, str], *args: str, tries: int = 3, timeout: float = 300) -> list[Result]:
+def run_until_ok(env: dict[str, str], *args: str, tries: int = 3, timeout: float = 180) -> list[Result]:
     """Run the command until it exits 0 (bounded); returns every result, the last one successful."""
     results = []
     for _ in range(tries):
@@ -417,3 +430,19 @@ def check_lake_equal(env: dict[str, str], clean: dict[tuple[str, str], Any], par
 
 def python() -> str:
     return str(BIN / "python") if (BIN / "python").exists() else sys.executable
+
+
+def check_one_line_error(stderr: str, *, must_mention: tuple[str, ...] = (), max_lines: int = 1) -> str:
+    """Contract section 7: an error is one ``stormlake:`` line on stderr, never a traceback or stack trace.
+
+    ``max_lines`` allows a summary line after the failed partition's line; every line must then
+    mention the words of ``must_mention``.
+    """
+    assert "Traceback" not in stderr and "Stack Trace" not in stderr, f"a traceback on stderr:\n{stderr[-6000:]}"
+    assert not [ln for ln in stderr.splitlines() if ln.lstrip().startswith('File "')], stderr[-6000:]
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("stormlake:")]
+    assert 1 <= len(errors) <= max_lines, f"expected one error line, got {errors}:\n{stderr[-3000:]}"
+    for line in errors:
+        for word in must_mention:
+            assert word.lower() in line.lower(), f"the error line does not mention {word!r}: {line}"
+    return errors[0]

@@ -1,0 +1,79 @@
+"""Four ``stormlake backfill`` processes on the same eight partitions at once: each phase computed once,
+each artifact delivered once (leases, fencing and receipts in the ledger)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.consumer import (
+    Consumer,
+    check_consumer,
+    check_ledger_clean,
+    kill_group,
+    make_home,
+    sql_rows,
+    start,
+    status,
+)
+
+pytestmark = pytest.mark.e2e
+
+PHASES = ("ingest", "enrich", "correlate", "present")
+REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont")
+DAYS = ("2026-09-01", "2026-09-02")
+EIGHT = [f"{d}|{r}" for d in DAYS for r in REGIONS]
+ARGS = ("backfill", "--regions", ",".join(REGIONS), "--days", "2026-09-01..2026-09-02")
+
+
+@pytest.fixture(scope="module")
+def eight_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 regions x 2 days x 1,500 outage rows."""
+    from pipeline.generate import generate_scenario
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    root = tmp_path_factory.mktemp("eight") / "landing"
+    generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:4], days=2, start="2026-09-01",
+                      rows_per_partition=1500, seed=11)
+    return root
+
+
+def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str, eight_landing: Path,
+                                                                     tmp_path: Path) -> None:
+    with Consumer(dedupe=True) as consumer:
+        env = make_home(tmp_path, eight_landing, pg_dsn, webhook=consumer.url)
+        procs = [start(env, *ARGS, log=tmp_path / f"backfill-{i}.log") for i in range(4)]
+        try:
+            codes = [p.wait(600) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    kill_group(p)
+        logs = {i: (tmp_path / f"backfill-{i}.log").read_text(errors="replace") for i in range(4)}
+        assert codes == [0, 0, 0, 0], "\n".join(f"--- backfill {i} exited {codes[i]}\n{logs[i][-3000:]}"
+                                                for i in range(4))
+
+        final = status(env)
+        assert sorted(final) == sorted(EIGHT)
+        for key in EIGHT:
+            assert final[key]["tier"] == 4, final[key]
+            for phase in PHASES:
+                cp = final[key]["phases"][phase]
+                assert cp["status"] == "COMPLETED" and cp["attempts"] == 1, (key, phase, cp)
+        rows = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
+                                " WHERE status = 'COMPLETED' GROUP BY partition_key, phase")
+        completed = {(r[0], r[1]): r[2] for r in rows}
+        assert completed == {(k, p): 1 for k in EIGHT for p in PHASES}, f"computed more than once: {completed}"
+        claims = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
+                                  " WHERE status = 'PENDING' GROUP BY partition_key, phase HAVING count(*) > 1")
+        assert claims == [], f"phases claimed more than once: {claims}"
+
+        posts = consumer.snapshot()
+        counts = consumer.keys_count()
+        assert all(n == 1 for n in counts.values()), f"keys POSTed more than once: {counts}"
+        artifacts = check_consumer(posts, partitions=EIGHT)
+        assert len(posts) == len(artifacts) == 3 * len(EIGHT)
+        delivered = sql_rows(pg_dsn, "SELECT target, status, count(*) FROM receipts GROUP BY target, status")
+        assert sorted(delivered) == [("file", "DELIVERED", 24), ("webhook", "DELIVERED", 24)], delivered
+        check_ledger_clean(pg_dsn)

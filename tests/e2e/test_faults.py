@@ -1,0 +1,289 @@
+"""Crashes at every point of the phase protocol, and at random moments: never start over, never publish twice.
+
+Every test runs the real ``stormlake backfill`` in a subprocess against a fresh ledger database,
+a lake under ``tmp_path`` and the test consumer (tests/consumer.py) as webhook. A crash is either
+a fault point (``STORMLAKE_FAULTS``, ``exit`` = ``os._exit(137)``) or a SIGKILL of the process
+group. After the crash the same command is run again until it succeeds; then the consumer's
+record, the ledger and the lake are checked against a clean run's (another home and database,
+no faults).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.consumer import (
+    Consumer,
+    check_consumer,
+    check_lake_equal,
+    check_ledger_clean,
+    check_one_line_error,
+    database,
+    kill_group,
+    lake_snapshot,
+    make_home,
+    run,
+    run_until_ok,
+    sql_rows,
+    start,
+    status,
+)
+
+pytestmark = pytest.mark.e2e
+
+PHASES = ("ingest", "enrich", "correlate", "present")
+KEY = "2026-09-01|gulf_coast"
+ONE = [KEY]
+ONE_ARGS = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
+ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+ALL_ARGS = ("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01..2026-09-02")
+
+
+@dataclass(frozen=True)
+class Clean:
+    """What a clean run (no faults) of the same partitions leaves behind."""
+
+    lake: dict[tuple[str, str], Any]
+    artifacts: dict[str, str]  # "<region>/<day>/<kind>" -> artifact id
+    status: dict[str, dict[str, Any]]
+
+
+def _clean_run(admin_dsn: str, landing: Path, root: Path, args: tuple[str, ...], partitions: list[str]) -> Clean:
+    with Consumer() as consumer, database(admin_dsn, "stormlake_clean") as dsn:
+        env = make_home(root, landing, dsn, webhook=consumer.url)
+        res = run(env, *args)
+        assert res.returncode == 0, str(res)
+        artifacts = check_consumer(consumer.snapshot(), partitions=partitions)
+        return Clean(lake_snapshot(env, partitions), artifacts, status(env))
+
+
+@pytest.fixture(scope="module")
+def clean_one(pg_admin_dsn: str, sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
+    return _clean_run(pg_admin_dsn, sample_landing, tmp_path_factory.mktemp("clean_one"), ONE_ARGS, ONE)
+
+
+@pytest.fixture(scope="module")
+def clean_all(pg_admin_dsn: str, sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
+    return _clean_run(pg_admin_dsn, sample_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
+
+
+def completed_events(dsn: str) -> dict[tuple[str, str], int]:
+    rows = sql_rows(dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events WHERE status = 'COMPLETED'"
+                         " GROUP BY partition_key, phase")
+    return {(r[0], r[1]): r[2] for r in rows}
+
+
+def check_published_files(env: dict[str, str], artifacts: dict[str, str]) -> None:
+    """The file target holds exactly the bytes the consumer accepted."""
+    publish = Path(env["STORMLAKE_HOME"]) / "published"
+    for slot, artifact_id in artifacts.items():
+        path = publish / slot
+        assert path.is_file(), f"{path} was not published"
+        assert hashlib.sha256(path.read_bytes()).hexdigest()[:16] == artifact_id.rsplit("@", 1)[1], path
+
+
+def check_against_clean(env: dict[str, str], dsn: str, consumer: Consumer, clean: Clean, partitions: list[str],
+                        *, crashes_in_delivery_window: int, final: dict[str, dict[str, Any]] | None = None
+                        ) -> dict[str, str]:
+    artifacts = check_consumer(consumer.snapshot(), partitions=partitions, max_repeats=crashes_in_delivery_window)
+    assert artifacts == clean.artifacts, "the consumer got other artifacts than a clean run delivers"
+    check_published_files(env, artifacts)
+    check_lake_equal(env, clean.lake, partitions)
+    check_ledger_clean(dsn)
+    final = final if final is not None else status(env)
+    for key in partitions:
+        assert final[key]["tier"] == 4, final[key]
+        for phase in PHASES:
+            assert final[key]["phases"][phase]["state_hash"] == clean.status[key]["phases"][phase]["state_hash"], (
+                f"{phase} of {key}: another state than a clean run's")
+    return artifacts
+
+
+# ---- 1. the kill matrix --------------------------------------------------------------------------
+DEFAULT_CASES = [
+    ("ingest", "after_lease"),
+    ("correlate", "mid_transform"),
+    ("correlate", "after_delta_commit"),
+    ("ingest", "after_checkpoint"),
+    ("present", "after_pending"),
+    ("present", "after_delivery"),
+]
+SLOW_CASES = [
+    ("correlate", "after_lease"),
+    ("ingest", "mid_transform"),
+    ("ingest", "after_delta_commit"),
+    ("correlate", "after_checkpoint"),
+    ("enrich", "after_lease"),
+    ("enrich", "mid_transform"),
+    ("enrich", "after_delta_commit"),
+    ("enrich", "after_checkpoint"),
+    ("present", "after_lease"),
+    ("present", "mid_transform"),
+    ("present", "after_delta_commit"),
+    ("present", "after_checkpoint"),
+]
+MATRIX = [pytest.param(ph, pt, id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES] + [
+    pytest.param(ph, pt, id=f"{ph}.{pt}", marks=pytest.mark.slow) for ph, pt in SLOW_CASES
+]
+
+
+@pytest.mark.parametrize(("phase", "point"), MATRIX)
+def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sample_landing: Path, tmp_path: Path,
+                                         clean_one: Clean) -> None:
+    killed_at = PHASES.index(phase)
+    with Consumer() as consumer:
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        killed = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit")
+        # os._exit(137) inside the run's step takes the whole CLI process down: no failure is reported
+        assert killed.returncode == 137, str(killed)
+        assert f"injected exit at {phase}.{point} for {KEY}" in killed.stderr, str(killed)
+
+        before = status(env)[KEY]["phases"]
+        done_before = PHASES[: killed_at + 1] if point == "after_checkpoint" else PHASES[:killed_at]
+        for name in done_before:
+            assert before[name]["status"] == "COMPLETED" and before[name]["attempts"] == 1, (name, before)
+        if point != "after_checkpoint":
+            assert before[phase]["status"] == "PENDING", before  # the process died holding the attempt
+            assert before[phase]["attempts"] == 1, before
+        for name in PHASES[killed_at + 1:]:
+            assert name not in before, f"{name} ran although the run died in {phase}: {before}"
+
+        resumed = run_until_ok(env, *ONE_ARGS)
+        final = status(env)
+        after = final[KEY]["phases"]
+        for name in done_before:
+            # never started over: the same checkpoint, the same attempt, the same Delta versions
+            for field in ("seq", "attempts", "input_hash", "state_hash", "delta_versions"):
+                assert after[name][field] == before[name][field], (name, field, before[name], after[name])
+        for name in PHASES:
+            want = 2 if (name == phase and point != "after_checkpoint") else 1
+            assert after[name]["attempts"] == want, (name, after[name], [str(r) for r in resumed])
+        events = completed_events(pg_dsn)
+        assert events == {(KEY, name): 1 for name in PHASES}, f"a phase completed more than once: {events}"
+        check_against_clean(env, pg_dsn, consumer, clean_one, ONE,
+                            crashes_in_delivery_window=1 if point == "after_delivery" else 0, final=final)
+
+
+def test_injected_raise_fails_the_run_then_resumes(pg_dsn: str, sample_landing: Path, tmp_path: Path,
+                                                   clean_one: Clean) -> None:
+    """The ``raise`` action: a failure, not a crash: exit 1, FAILED recorded with the error, then a resume."""
+    with Consumer() as consumer:
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        failed = run(env, *ONE_ARGS, faults="correlate.after_delta_commit=raise")
+        assert failed.returncode == 1, str(failed)
+        check_one_line_error(failed.stderr, must_mention=("injected fault at correlate.after_delta_commit",))
+        before = status(env)[KEY]
+        assert before["tier"] == 2, before
+        cp = before["phases"]["correlate"]
+        assert cp["status"] == "FAILED" and cp["attempts"] == 1, cp
+        assert "InjectedFault" in cp["error"], cp
+        assert "present" not in before["phases"], before
+        assert consumer.snapshot() == [], "something was delivered although correlate failed"
+        rows = sql_rows(pg_dsn, "SELECT error_class, error_message FROM checkpoints WHERE phase = 'correlate'")
+        assert rows == [("InjectedFault", f"injected fault at correlate.after_delta_commit for {KEY}")], rows
+
+        run_until_ok(env, *ONE_ARGS)
+        final = status(env)
+        after = final[KEY]["phases"]
+        for name in ("ingest", "enrich"):
+            assert after[name] == before["phases"][name], name
+        assert after["correlate"]["attempts"] == 2 and after["present"]["attempts"] == 1, after
+        assert after["correlate"]["seq"] > cp["seq"], after
+        check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=0, final=final)
+
+
+def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Path, tmp_path: Path,
+                                                 clean_one: Clean) -> None:
+    """A crash after the consumer accepted a POST but before the receipt says so: one repeat, same key.
+
+    ``present.after_delivery`` fires after the first delivery of the loop, which is the file
+    target's. To put the crash after a *webhook* delivery, a first run leaves the first artifact
+    DELIVERED to the file target and PENDING for the webhook (the consumer answers 400).
+    """
+    with Consumer(default=400) as consumer:
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        first = run(env, *ONE_ARGS)
+        assert first.returncode == 1 and "400" in first.stderr, str(first)
+        rejected = consumer.snapshot()
+        assert len(rejected) == 1 and rejected[0].answer == 400, [p.as_dict() for p in rejected]
+        key = rejected[0].key
+
+        consumer.program(default=200)
+        killed = run(env, *ONE_ARGS, faults="present.after_delivery=exit")
+        assert killed.returncode == 137, str(killed)
+        posts = consumer.snapshot()
+        assert [(p.key, p.answer) for p in posts[1:]] == [(key, 200)], [p.as_dict() for p in posts]
+        receipt = sql_rows(pg_dsn, "SELECT status FROM receipts WHERE artifact_id = %s AND target = 'webhook'", (key,))
+        assert receipt == [("PENDING",)], receipt
+
+        run_until_ok(env, *ONE_ARGS)
+        counts = consumer.keys_count()
+        assert counts[key] == 3, counts  # the 400, the accepted POST before the crash, its one repeat
+        assert [p.answer for p in consumer.snapshot() if p.key == key] == [400, 200, 409]
+        assert all(n == 1 for k, n in counts.items() if k != key), counts
+        check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=1)
+
+
+def _ledger_exists(dsn: str) -> bool:
+    return bool(sql_rows(dsn, "SELECT 1 FROM pg_tables WHERE tablename = 'checkpoints'"))
+
+
+# ---- 2. random kills -----------------------------------------------------------------------------
+def _random_kills(kills: int, seed: int, pg_dsn: str, landing: Path, tmp_path: Path, clean: Clean) -> None:
+    rng = random.Random(seed)
+    with Consumer() as consumer:
+        env = make_home(tmp_path, landing, pg_dsn, webhook=consumer.url)
+        done_kills = 0
+        finished = 0
+        log = tmp_path / "runs.log"
+        progress: list[int] = []
+        for i in range(kills * 4):
+            if done_kills >= kills:
+                break
+            delay = rng.uniform(1.0, 6.0)
+            proc = start(env, *ALL_ARGS, log=tmp_path / f"run-{i}.log")
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            if proc.poll() is None:
+                kill_group(proc)
+                done_kills += 1
+                outcome = f"killed after {delay:.2f} s"
+            else:
+                finished += 1
+                outcome = f"exited {proc.returncode} before {delay:.2f} s"
+                text = (tmp_path / f"run-{i}.log").read_text(errors="replace")
+                # a run that ended on its own must have succeeded, or failed for a reason worth reading
+                assert proc.returncode == 0, f"run {i} exited {proc.returncode}:\n{text[-4000:]}"
+            done = sql_rows(pg_dsn, "SELECT count(*) FROM checkpoints WHERE status = 'COMPLETED'"
+                                    " AND superseded_at IS NULL") if _ledger_exists(pg_dsn) else [(0,)]
+            progress.append(done[0][0])
+            with log.open("a") as fh:
+                fh.write(f"run {i}: {outcome}; {progress[-1]} phases COMPLETED\n")
+        assert done_kills >= kills, f"only {done_kills} kills in {kills * 4} runs ({finished} finished)"
+        # never started over: a kill never takes back a completed phase
+        assert progress == sorted(progress), f"COMPLETED phases went down after a kill: {progress}"
+        run_until_ok(env, *ALL_ARGS, timeout=120)
+        final = status(env)
+        check_against_clean(env, pg_dsn, consumer, clean, ALL, crashes_in_delivery_window=done_kills, final=final)
+        for key in ALL:
+            assert set(final[key]["phases"]) == set(PHASES)
+        events = completed_events(pg_dsn)
+        assert set(events) == {(k, p) for k in ALL for p in PHASES}, events
+        assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
+
+
+def test_random_kills(pg_dsn: str, sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+    _random_kills(20, 20260901, pg_dsn, sample_landing, tmp_path, clean_all)
+
+
+@pytest.mark.slow
+def test_random_kills_long(pg_dsn: str, sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+    _random_kills(60, 7, pg_dsn, sample_landing, tmp_path, clean_all)

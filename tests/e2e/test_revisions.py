@@ -1,0 +1,183 @@
+"""Revisions: late data recomputes one partition and delivers superseding artifacts; a schema-version
+bump recomputes that phase and the ones after it, and reverting it restores the old state."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.consumer import (
+    KINDS,
+    Consumer,
+    check_consumer,
+    check_headers,
+    check_ledger_clean,
+    lake_snapshot,
+    make_home,
+    run,
+    sql_rows,
+    status,
+)
+
+pytestmark = pytest.mark.e2e
+
+PHASES = ("ingest", "enrich", "correlate", "present")
+ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+ARGS = ("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01..2026-09-02")
+LATE = "2026-09-01|gulf_coast"
+
+
+def add_late_outages(landing: Path, region: str, day: str, n: int = 3) -> None:
+    """Append ``n`` valid outage rows (inside the region's box and the day) to the partition's outages.csv."""
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    box = {r.region_id: r for r in load_regions(DEFAULT_REGIONS_FILE)}[region]
+    path = landing / region / day / "outages.csv"
+    text = path.read_text(encoding="utf-8")
+    header = next(csv.reader(io.StringIO(text)))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+    for i in range(n):
+        writer.writerow({
+            "event_id": f"late-{i:04d}",
+            "region_id": region,
+            "reported_at": f"{day}T2{i}:15:00+00:00",
+            "lat": f"{(box.min_lat + box.max_lat) / 2 + 0.01 * i:.5f}",
+            "lon": f"{(box.min_lon + box.max_lon) / 2 - 0.01 * i:.5f}",
+            "customers_out": str(40 + i),
+            "cause": "vegetation",
+            "restored_at": "",
+        })
+    path.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue(), encoding="utf-8")
+
+
+def completed_events(dsn: str) -> dict[tuple[str, str], int]:
+    rows = sql_rows(dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events WHERE status = 'COMPLETED'"
+                         " GROUP BY partition_key, phase")
+    return {(r[0], r[1]): r[2] for r in rows}
+
+
+def test_late_data_recomputes_one_partition_and_supersedes_its_artifacts(pg_dsn: str, sample_landing: Path,
+                                                                         tmp_path: Path) -> None:
+    with Consumer() as consumer:
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        first = run(env, *ARGS)
+        assert first.returncode == 0, str(first)
+        before = status(env)
+        old = check_consumer(consumer.snapshot(), partitions=ALL)
+        n_first = len(consumer.snapshot())
+        assert n_first == 12
+
+        add_late_outages(Path(env["STORMLAKE_HOME"]) / "landing", "gulf_coast", "2026-09-01")
+        second = run(env, *ARGS)
+        assert second.returncode == 0, str(second)
+        after = status(env)
+
+        # only the changed partition was recomputed, every phase of it, once
+        for key in ALL:
+            for phase in PHASES:
+                b, a = before[key]["phases"][phase], after[key]["phases"][phase]
+                if key == LATE:
+                    assert a["seq"] > b["seq"] and a["input_hash"] != b["input_hash"], (key, phase, b, a)
+                    assert a["attempts"] == 1 and a["status"] == "COMPLETED", (key, phase, a)
+                else:
+                    assert a == b, f"{phase} of {key} changed although its inputs did not"
+        events = completed_events(pg_dsn)
+        assert events == {(k, p): (2 if k == LATE else 1) for k in ALL for p in PHASES}, events
+        assert after[LATE]["tier"] == 4
+
+        # the new revisions, and only those, were delivered, each naming the one it supersedes
+        new_posts = consumer.snapshot()[n_first:]
+        for p in new_posts:
+            check_headers(p)
+            assert p.key.startswith("gulf_coast/2026-09-01/"), f"an unchanged partition delivered {p.key}"
+            slot = p.key.split("@")[0]
+            assert p.key != old[slot], f"{p.key} was delivered again"
+            assert p.headers.get("x-stormlake-supersedes") == old[slot], p.headers
+        kinds = sorted(p.kind for p in new_posts)
+        assert len(kinds) == len(set(kinds)), kinds
+        assert {"summary.json", "report.html"} <= set(kinds), kinds
+        receipts = {d["artifact_id"]: d for d in after[LATE]["deliveries"]}
+        for p in new_posts:
+            for target in ("file", "webhook"):
+                rec = [d for d in after[LATE]["deliveries"] if d["artifact_id"] == p.key and d["target"] == target]
+                assert len(rec) == 1 and rec[0]["status"] == "DELIVERED", rec
+                assert rec[0].get("supersedes") == old[p.key.split("@")[0]], rec
+        assert set(receipts) >= set(old[f"gulf_coast/2026-09-01/{k}"] for k in KINDS)
+        check_consumer(consumer.snapshot()[n_first:], partitions=[])
+        check_ledger_clean(pg_dsn)
+
+        # and a third run delivers nothing at all
+        third = run(env, *ARGS)
+        assert third.returncode == 0, str(third)
+        assert len(consumer.snapshot()) == n_first + len(new_posts)
+
+
+# ---- schema versions (in process: the bump must be visible to the running code) ------------------
+def _outcomes(result: Any) -> dict[str, str]:
+    from assets.phases import PHASES as PH
+    from tests.helpers import step_outcomes
+
+    by_asset = step_outcomes(result)
+    return {p.name: by_asset.get(p.asset, "-") for p in PH}
+
+
+def _heads(dsn: str, key: str) -> dict[str, tuple[Any, ...]]:
+    rows = sql_rows(dsn, "SELECT phase, seq, schema_version, state_hash, attempt FROM checkpoints"
+                         " WHERE partition_key = %s AND superseded_at IS NULL", (key,))
+    return {r[0]: r[1:] for r in rows}
+
+
+def _set_schema_version(phase: Any, version: int) -> None:
+    object.__setattr__(phase, "schema_version", version)  # frozen dataclass, shared by every module
+
+
+def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[str, str], pg_dsn: str) -> None:
+    from assets import correlate as correlate_mod
+    from assets.phases import BY_NAME, CORRELATE
+    from assets.schemas import TABLES
+    from tests.helpers import KEY, materialize
+
+    assert correlate_mod.CORRELATE is CORRELATE is BY_NAME["correlate"]
+    first = materialize(KEY)
+    assert first.success
+    assert _outcomes(first) == dict.fromkeys(PHASES, "COMPLETED")
+    v1 = _heads(pg_dsn, KEY)
+    lake_v1 = lake_snapshot(sl_env, [KEY])
+    original = CORRELATE.schema_version
+    try:
+        _set_schema_version(CORRELATE, original + 1)
+        bumped = materialize(KEY)
+        assert bumped.success
+        assert _outcomes(bumped) == {"ingest": "SKIPPED", "enrich": "SKIPPED", "correlate": "COMPLETED",
+                                     "present": "COMPLETED"}, "a schema bump recomputes the phase and later ones"
+        v2 = _heads(pg_dsn, KEY)
+        assert v2["correlate"][1] == original + 1, v2
+        assert v2["present"][1] == v1["present"][1]
+        for phase in ("ingest", "enrich"):
+            assert v2[phase] == v1[phase], phase
+        for phase in ("correlate", "present"):
+            assert v2[phase][0] > v1[phase][0], phase
+        again = materialize(KEY)
+        assert _outcomes(again) == dict.fromkeys(PHASES, "SKIPPED")
+    finally:
+        _set_schema_version(CORRELATE, original)
+
+    reverted = materialize(KEY)
+    assert reverted.success
+    assert _outcomes(reverted) == {"ingest": "SKIPPED", "enrich": "SKIPPED", "correlate": "COMPLETED",
+                                   "present": "COMPLETED"}
+    v3 = _heads(pg_dsn, KEY)
+    assert v3["correlate"][1] == original
+    for phase in PHASES:
+        assert v3[phase][2] == v1[phase][2], f"{phase}: reverting did not restore the state"
+    lake_v3 = lake_snapshot(sl_env, [KEY])
+    import pandas as pd
+
+    for table in TABLES:
+        pd.testing.assert_frame_equal(lake_v3[(table, KEY)], lake_v1[(table, KEY)], obj=table)
+    check_ledger_clean(pg_dsn)
