@@ -61,6 +61,12 @@ def idempotency_key(partition_key: str, phase: str, input_hash: str) -> str:
     return hashlib.sha256(f"{partition_key}|{phase}|{input_hash}".encode()).hexdigest()
 
 
+def _session_options(dsn: str) -> str:
+    """The DSN's own ``options`` plus asynchronous commit as the session default."""
+    own = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    return f"{own} -c synchronous_commit=off".strip()
+
+
 def _lock_key(*parts: str) -> int:
     digest = hashlib.sha256("|".join(parts).encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
@@ -163,8 +169,8 @@ class Ledger:
     """One connection pool per process and DSN; see :func:`get_ledger`.
 
     Durability: receipts, claims and failures commit synchronously (the WAL is flushed before
-    the commit returns). Checkpoint completions commit with ``synchronous_commit = off``, which
-    saves the flush (about 2 ms here). A client crash never loses a committed transaction either
+    the commit returns). Checkpoint completions, recorded calls and skip events commit with
+    ``synchronous_commit = off``, which saves the flush (about 2 ms here). A client crash never loses a committed transaction either
     way; only a crash of the PostgreSQL server itself can lose the last fraction of a second of
     asynchronous commits, and then only together with everything committed after them (the WAL
     is one sequence, and the next synchronous commit — a receipt, the next claim — flushes all
@@ -184,7 +190,7 @@ class Ledger:
             timeout=pool_timeout,
             # No check on checkout (a round trip per use): a dropped connection fails its first
             # statement with OperationalError, which _run retries on a fresh connection.
-            kwargs={"connect_timeout": 5, "autocommit": True},
+            kwargs={"connect_timeout": 5, "autocommit": True, "options": _session_options(dsn)},
             name="stormlake-ledger",
         )
         self._opened = False
@@ -210,18 +216,26 @@ class Ledger:
             self._pool.close()
             self._opened = False
 
-    def _run(self, fn: Callable[[psycopg.Connection], T], *, what: str, single: bool = False) -> T:
+    def _run(self, fn: Callable[[psycopg.Connection], T], *, what: str, single: bool = False,
+             durable: bool = True) -> T:
         """Run ``fn(conn)`` in one transaction, retrying transient errors with backoff.
 
-        ``single=True`` means ``fn`` sends exactly one statement: it runs without BEGIN/COMMIT
-        on the autocommit connection, where a statement is its own transaction.
+        Sessions default to ``synchronous_commit = off``; a ``durable`` transaction turns it on
+        for itself, so its COMMIT returns only once the WAL is flushed (see "Durability" in the
+        class docs for which transactions need that). ``single=True`` means ``fn`` sends one
+        statement, run on the autocommit connection as its own (non-durable) transaction.
         """
         self._ensure_open()
         delay = 0.1
         for attempt in range(1, self.retries + 1):
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    return fn(conn)
+                with self._pool.connection() as conn:
+                    if single:
+                        return fn(conn)
+                    with conn.transaction():
+                        if durable:
+                            conn.execute("SET LOCAL synchronous_commit TO on")
+                        return fn(conn)
             except _TRANSIENT as exc:
                 if attempt == self.retries:
                     raise LedgerUnavailable(
@@ -362,24 +376,23 @@ class Ledger:
             self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
             return Decision(skip=False, head=cp, claim=Claim(cp, recorded))
 
-        return self._run(txn, what=f"claim {phase} of {partition_key}")
+        return self._run(txn, what=f"claim {phase} of {partition_key}", single=not claim)
 
     def record_skip(self, head: Checkpoint, run_id: str | None) -> None:
         """Record that a run found this COMPLETED checkpoint current and did no work."""
-        self._run(lambda c: self._event_txn(c, head, "SKIPPED", run_id), what="record a skip")
+        self._run(lambda c: self._event_txn(c, head, "SKIPPED", run_id), what="record a skip", durable=False)
 
     def record_call(self, claim: Claim, *, call_key: str, kind: str, name: str,
                     input: dict[str, Any], output: dict[str, Any]) -> None:
         """Record a completed outside call of this attempt (fenced by the attempt's seq)."""
 
-        def txn(conn: psycopg.Connection) -> None:
+        def stmt(conn: psycopg.Connection) -> None:
             # Like a checkpoint completion, a lost record is re-derived (the Delta app
-            # transaction, the receipt), so it need not wait for the WAL flush.
-            conn.execute("SET LOCAL synchronous_commit TO off")
+            # transaction, the receipt), so it is not made durable on its own.
             row = conn.execute(
                 "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
                 " SELECT id, %s, %s, %s, %s, %s, seq FROM checkpoints"
-                "  WHERE id = %s AND seq = %s AND status = 'PENDING' FOR SHARE"
+                "  WHERE id = %s AND seq = %s AND status = 'PENDING'"
                 " ON CONFLICT (checkpoint_id, call_key)"
                 " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now() RETURNING 1",
                 (call_key, kind, name, Jsonb(input), Jsonb(output), claim.id, claim.seq),
@@ -389,7 +402,7 @@ class Ledger:
                     f"attempt seq {claim.seq} of checkpoint {claim.id} lost its lease; not recording {kind} {name}"
                 )
 
-        self._run(txn, what=f"record the call {kind} {name}")
+        self._run(stmt, what=f"record the call {kind} {name}", single=True)
         claim.recorded[call_key] = output
 
     _COMPLETE_SQL = (
@@ -413,16 +426,14 @@ class Ledger:
                  tier_label: str, run_id: str | None) -> Checkpoint:
         """Commit the checkpoint COMPLETED in one transaction, with its event and NOTIFY.
 
-        The fenced UPDATE, the COMPLETED event and the NOTIFY are one data-modifying statement.
-        The transaction commits with ``synchronous_commit = off``: see "Durability" in the class
-        docs for why that is safe here and not for receipts.
+        The fenced UPDATE, the COMPLETED event and the NOTIFY are one data-modifying statement,
+        sent alone on the autocommit session: one round trip. It commits without waiting for the
+        WAL flush: see "Durability" in the class docs for why that is safe here and not for
+        receipts.
         """
 
         def stmt(conn: psycopg.Connection) -> Checkpoint:
             with conn.cursor(row_factory=dict_row) as cur:
-                # See the class docs: a checkpoint commit lost in a *server* crash is re-derived
-                # on resume without duplicating anything, so it need not wait for the WAL flush.
-                cur.execute("SET LOCAL synchronous_commit TO off")
                 row = cur.execute(self._COMPLETE_SQL, {  # type: ignore[arg-type]
                     "state": state_hash, "summary": Jsonb(summary), "tier": tier, "label": tier_label,
                     "run": run_id, "id": claim.id, "seq": claim.seq,
@@ -436,7 +447,7 @@ class Ledger:
             return Checkpoint(**row)
 
         try:
-            return self._run(stmt, what=f"commit the {claim.checkpoint.phase} checkpoint")
+            return self._run(stmt, what=f"commit the {claim.checkpoint.phase} checkpoint", single=True)
         except FencingError:
             # A retry after a lost reply finds its own commit already done: that is success.
             head = self.head(claim.checkpoint.partition_key, claim.checkpoint.phase)
