@@ -221,7 +221,12 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     _prepare(settings)
     env = dict(os.environ)
     bindir = Path(sys.executable).parent
-    common = ["-m", "pipeline.definitions"]
+    # The same location name as workspace.yaml and [tool.dagster] ("stormlake"): Dagster keys
+    # sensor and schedule state by it, so the UI started either way shares that state.
+    workspace = Path(env["DAGSTER_HOME"]) / "workspace.yaml"
+    workspace.write_text("load_from:\n  - python_module:\n      module_name: pipeline.definitions\n"
+                         "      location_name: stormlake\n")
+    common = ["-w", str(workspace)]
     procs = [
         subprocess.Popen([str(bindir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(args.port), *common], env=env),
         subprocess.Popen([str(bindir / "dagster-daemon"), "run", *common], env=env),

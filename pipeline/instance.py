@@ -5,11 +5,12 @@ Run, event-log and schedule storage live on the same PostgreSQL server as the le
 - with the embedded server (``STORMLAKE_PG_DSN`` unset), in a database of their own
   (``dagster``) next to the ledger's (``stormlake``); the server belongs to one
   ``STORMLAKE_HOME``, so nothing else shares it;
-- with ``STORMLAKE_PG_DSN`` set, in the ledger's own database (Dagster's tables -- ``runs``,
-  ``event_logs``, ``jobs``, ``instigators``, ... -- do not collide with the ledger's). One DSN
-  is then one whole stormlake world: two deployments (or two test runs) on one server with
-  different ledger databases never see each other's runs, backfills or sensor cursors, and no
-  CREATEDB right is needed.
+- with ``STORMLAKE_PG_DSN`` set, in a database of their own named after the ledger's
+  (``<ledger db>_dagster``). One DSN is then one whole stormlake world: two deployments (or two
+  test runs) on one server with different ledger databases never see each other's runs,
+  backfills or sensor cursors. Without the right to create that database, Dagster's tables go
+  into the ledger's database (``runs``, ``event_logs``, ``jobs``, ... do not collide with the
+  ledger's tables).
 
 Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``MAX_BACKFILL_RUNS`` of them
 from backfills), every phase writes through a concurrency pool of its own, and runs whose
@@ -34,6 +35,7 @@ MAX_CONCURRENT_RUNS = 4
 MAX_BACKFILL_RUNS = 2
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
+_POOLS_LOCK = 7_406_002  # advisory lock id serialising the creation of the pool rows
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -87,6 +89,8 @@ run_monitoring:
   max_resume_run_attempts: 0
 telemetry:
   enabled: false
+nux:
+  enabled: false
 """
 
 
@@ -97,9 +101,8 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     process's environment so that Dagster and any child process find the instance.
     """
     if settings.pg_dsn:
-        ledger_dsn = dagster_dsn = checked_dsn(settings.pg_dsn)
-    else:
-        ledger_dsn, dagster_dsn = resolve_dsns(None, settings.pgdata)
+        checked_dsn(settings.pg_dsn)
+    ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     url = sqlalchemy_url(dagster_dsn)
@@ -113,4 +116,44 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
         tmp.write_text(text)
         os.replace(tmp, target)
     os.environ["DAGSTER_HOME"] = str(home)
+    ensure_pools(dagster_dsn)
     return home, ledger_dsn
+
+
+def pool_keys() -> list[str]:
+    """The concurrency pools of the phase assets (``pool=`` on each asset)."""
+    from assets.phases import PHASES
+
+    return [f"stormlake_{p.name}" for p in PHASES]
+
+
+def ensure_pools(dagster_dsn: str) -> None:
+    """Create the phase pools' limit rows once, before any run needs them.
+
+    Dagster creates a pool's row lazily when the first step of that pool claims a slot. On
+    PostgreSQL two runs doing that at once race: the loser's INSERT hits the unique key, which
+    aborts its transaction, and the run dies with ``InFailedSqlTransaction`` (a backfill's
+    first runs all start together; see dagster-io/dagster#33557). Creating the rows here, one
+    process and one key at a time, leaves no race. Cheap when done: one SELECT.
+    """
+    keys = pool_keys()
+    try:
+        conn = psycopg.connect(dagster_dsn, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError:
+        return  # unreachable: the command that needs the instance reports it
+    with conn:
+        # One process at a time: the others wait here, then find the rows made.
+        conn.execute("SELECT pg_advisory_lock(%s)", (_POOLS_LOCK,))
+        try:
+            have = {r[0] for r in conn.execute(
+                "SELECT concurrency_key FROM concurrency_limits WHERE concurrency_key = ANY(%s)", (keys,))}
+        except psycopg.errors.UndefinedTable:
+            have = set()  # a fresh instance: Dagster creates its tables below
+        missing = [k for k in keys if k not in have]
+        if not missing:
+            return
+        import dagster as dg
+
+        with dg.DagsterInstance.get() as instance:
+            for key in missing:
+                instance.event_log_storage.initialize_concurrency_limit_to_default(key)

@@ -142,7 +142,10 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
     if requests:
         context.log.info(f"requesting {len(requests)} partition(s): {', '.join(r.partition_key or '' for r in requests)}")
     cursor = json.dumps(scan.fingerprints, sort_keys=True, separators=(",", ":"))
-    skip = None if requests else f"no new or changed landing files ({len(scan.fingerprints)} partitions known)"
+    skip = None
+    if not requests:
+        skip = (f"no run needed: {len(unchanged)} new or changed partition(s) already done for their current content"
+                if unchanged else f"no new or changed landing files ({len(scan.fingerprints)} partitions known)")
     return dg.SensorResult(run_requests=requests, cursor=cursor, skip_reason=skip)
 
 

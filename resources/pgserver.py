@@ -96,20 +96,23 @@ def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     """Return ``(ledger_dsn, dagster_dsn)``.
 
     With ``pg_dsn`` set, the ledger uses it as given and Dagster's storage gets a database of
-    its own (``dagster``) on the same server when it may create one, else shares the ledger's.
-    Without it, the embedded server is started and both databases are created on it.
+    its own named after the ledger's (``<ledger db>_dagster``), so one DSN is one whole
+    stormlake deployment and two deployments on one server never share runs or sensor
+    cursors; without the right to create it, Dagster's tables go into the ledger's database
+    (their names do not collide). Without ``pg_dsn``, the embedded server is started and the
+    databases ``stormlake`` and ``dagster`` are created on it.
     """
     if pg_dsn:
         try:
-            psycopg.conninfo.conninfo_to_dict(pg_dsn)
+            info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
         except psycopg.ProgrammingError as exc:
             raise ConfigError("STORMLAKE_PG_DSN is not a valid PostgreSQL connection string") from exc
-        dagster_dsn = with_database(pg_dsn, DAGSTER_DB)
+        own = f"{info.get('dbname') or info.get('user') or 'postgres'}_dagster"
         try:
-            ensure_database(pg_dsn, DAGSTER_DB)
+            ensure_database(pg_dsn, own)
+            return pg_dsn, with_database(pg_dsn, own)
         except (LedgerUnavailable, psycopg.Error):
-            dagster_dsn = pg_dsn
-        return pg_dsn, dagster_dsn
+            return pg_dsn, pg_dsn
     admin = embedded_server_dsn(pgdata)
     ensure_database(admin, LEDGER_DB)
     ensure_database(admin, DAGSTER_DB)

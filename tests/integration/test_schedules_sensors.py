@@ -16,6 +16,10 @@ import pytest
 from assets.phases import ENRICH, INGEST, PHASES
 from pipeline.schedules import daily_storm_schedule, region_ids
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
+from resources.lake import LakeResource
+from resources.landing import LandingResource
+from resources.ledger import LedgerResource
+from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize
 
 UTC = dt.UTC
@@ -38,6 +42,15 @@ def _resources() -> dict[str, object]:
     from pipeline.definitions import build_resources
 
     return dict(build_resources())
+
+
+def _storm_job() -> dg.JobDefinition:
+    """storm_job bound to resources built from this test's environment (not the import-time ones)."""
+    from pipeline.definitions import PHASE_ASSETS, build_resources
+    from pipeline.jobs import storm_job
+
+    return dg.Definitions(assets=PHASE_ASSETS, jobs=[storm_job], resources=build_resources()).resolve_job_def(
+        "storm_job")
 
 
 def _ledger():
@@ -128,6 +141,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     # Nothing changed: nothing requested, same cursor.
     second = _landing_tick(first.cursor)
     assert second.run_requests == []
+    assert "no new or changed landing files" in (second.skip_reason.skip_message or "")
     assert json.loads(second.cursor) == cursor
 
     # Publish KEY, then touch its outages file without changing it: the fingerprint changes, but the
@@ -138,6 +152,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     os.utime(outages, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
     third = _landing_tick(second.cursor)
     assert third.run_requests == []
+    assert "1 new or changed partition(s) already done" in (third.skip_reason.skip_message or "")
     assert json.loads(third.cursor)[KEY] != cursor[KEY]
 
     # Change the content of one partition and complete the waiting one: exactly those two.
@@ -166,8 +181,6 @@ def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: 
 
 # ---- the outbox sensor -------------------------------------------------------------------------
 def _outbox_tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
-    from resources.ledger import LedgerResource
-
     ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
                                   resources={"ledger": LedgerResource(dsn=os.environ["STORMLAKE_PG_DSN"])})
     result = outbox_sensor(ctx)
@@ -183,8 +196,6 @@ def _completed_event(key: str, phase: str) -> int:
 
 
 def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, str], instance) -> None:
-    from pipeline.definitions import defs
-
     # One partition all the way through (nothing to continue), one stopped after ingest.
     assert materialize(OTHER, instance=instance).success
     assert materialize(KEY, selection=[INGEST.asset], instance=instance).success
@@ -204,8 +215,7 @@ def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, s
     assert _outbox_tick(instance, first.cursor).run_requests == []
 
     # The requested run is a valid run of storm_job: it finishes the partition.
-    job = defs.resolve_job_def("storm_job")
-    done = job.execute_in_process(partition_key=KEY, asset_selection=req.asset_selection, instance=instance,
+    done = _storm_job().execute_in_process(partition_key=KEY, asset_selection=req.asset_selection, instance=instance,
                                   tags=req.tags, raise_on_error=False)
     assert done.success
     heads = _heads(KEY)
@@ -221,14 +231,12 @@ def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, s
     from assets import ingest
     from assets.materialize import build_runner
     from assets.runner import PartitionRef
-    from pipeline.definitions import defs
-
-    job = defs.resolve_job_def("storm_job")
-    run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED,
+    run = instance.create_run_for_job(_storm_job(), status=dg.DagsterRunStatus.STARTED,
                                       tags={"dagster/partition": KEY})
-    runner = build_runner(None, **_resources())  # type: ignore[arg-type]
-    runner.run_id = run.run_id
-    runner.run(INGEST, PartitionRef.parse(KEY, runner.regions), ingest.compute, ingest.grade)
+    with dg.build_resources(_resources()) as res:  # resolves the EnvVar DSN like a run would
+        runner = build_runner(None, ledger=res.ledger, lake=res.lake, landing=res.landing, publisher=res.publisher)
+        runner.run_id = run.run_id
+        runner.run(INGEST, PartitionRef.parse(KEY, runner.regions), ingest.compute, ingest.grade)
     ingest_event = _completed_event(KEY, "ingest")
 
     first = _outbox_tick(instance, None)
@@ -273,10 +281,6 @@ def _failing_enrich_asset() -> dg.AssetsDefinition:
     from assets.materialize import grader_spec, materialize_phase
     from assets.partitions import PARTITIONS
     from assets.runner import Check
-    from resources.lake import LakeResource
-    from resources.landing import LandingResource
-    from resources.ledger import LedgerResource
-    from resources.publisher import PublisherResource
 
     def failing_grade(io, out):
         yield from enrich.grade(io, out)
@@ -284,8 +288,8 @@ def _failing_enrich_asset() -> dg.AssetsDefinition:
                     f"{out.figures['outages'] + 1} enriched rows for {out.figures['input_outages']} ingested outages")
 
     @dg.asset(name=ENRICH.asset, partitions_def=PARTITIONS, deps=[ingested_batch], group_name="storm",
-              check_specs=[grader_spec(ENRICH)])
-    def enriched_outages(context: dg.AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
+              check_specs=[grader_spec(ENRICH)], backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1))
+    def enriched_outages(context, ledger: LedgerResource, lake: LakeResource,
                          landing: LandingResource, publisher: PublisherResource):
         yield from materialize_phase(context, ENRICH, enrich.compute, failing_grade, ledger=ledger, lake=lake,
                                      landing=landing, publisher=publisher)
@@ -357,3 +361,18 @@ def test_sensors_are_registered_stopped() -> None:
         sensor = defs.resolve_sensor_def(name)
         assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
         assert sensor.job_name == "storm_job"
+
+
+# ---- the instance ------------------------------------------------------------------------------
+def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], instance) -> None:
+    """prepare_dagster_home creates the pools' rows up front (no first-run race on PostgreSQL)."""
+    from pipeline.definitions import defs
+    from pipeline.instance import pool_keys
+
+    assert {defs.resolve_assets_def(p.asset).op.pool for p in PHASES} == set(pool_keys())
+    assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
+    assert instance.run_coordinator.__class__.__name__ == "QueuedRunCoordinator"
+    # Dagster's storage shares the ledger's database when STORMLAKE_PG_DSN is set: one DSN, one world.
+    tables = {r["table_name"] for r in _ledger().query(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
+    assert {"runs", "event_logs", "concurrency_limits", "checkpoints", "checkpoint_events", "receipts"} <= tables

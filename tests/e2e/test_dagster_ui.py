@@ -1,0 +1,394 @@
+"""The Dagster way, end to end: a real ``dagster dev`` (webserver + daemon + code server) on the
+project's PostgreSQL instance.
+
+- A partition backfill launched through GraphQL ``launchPartitionBackfill`` (the mutation the
+  UI's "Materialize" dialog sends) over 2 days x 2 regions completes, one run per partition
+  (the assets' backfill policy), and ``stormlake status --json`` shows every partition published.
+- The same backfill again computes nothing and delivers nothing.
+- Both sensors, turned on through GraphQL ``startSensor``, get a real daemon tick each.
+- Headless Chromium renders the asset graph with the four phase assets (screenshot kept under
+  ``test-artifacts/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from assets.phases import PHASES
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ARTIFACTS = REPO / "test-artifacts"
+ASSETS = [p.asset for p in PHASES]
+KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+DONE = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+HANG_GUARD_S = 900  # a deadline against hanging forever, not a performance assertion
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Dagster:
+    url: str
+    env: dict[str, str]
+    proc: subprocess.Popen
+    log: Path
+
+    def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            payload = json.loads(resp.read())
+        assert not payload.get("errors"), payload["errors"]
+        return payload["data"]
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+
+def _wait_up(d: Dagster) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert d.proc.poll() is None, f"dagster dev exited with {d.proc.returncode}:\n{d.tail()}"
+        try:
+            with urllib.request.urlopen(f"{d.url}/server_info", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the webserver did not answer /server_info:\n{d.tail()}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group left (run workers, code server)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+@pytest.fixture
+def dagster_dev(sl_env: dict[str, str], tmp_path: Path) -> Iterator[Dagster]:
+    from pipeline.instance import prepare_dagster_home
+    from resources.settings import load_settings
+
+    prepare_dagster_home(load_settings())
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    port = free_port()
+    log = tmp_path / "dagster-dev.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "dagster"), "dev", "-m", "pipeline.definitions", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    d = Dagster(url=f"http://127.0.0.1:{port}", env=env, proc=proc, log=log)
+    try:
+        _wait_up(d)
+        yield d
+    finally:
+        _stop(proc)
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copyfile(log, ARTIFACTS / "dagster-dev.log")
+
+
+# ---- GraphQL ----------------------------------------------------------------------------------
+REPOS = """
+query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } }
+  ... on PythonError { message } } }
+"""
+
+LAUNCH = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+BACKFILL = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { id status numPartitions partitionNames
+      runs(limit: 100) { id status tags { key value } } error { message } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+SENSOR_FIELDS = """
+  __typename
+  ... on Sensor { name jobOriginId sensorState { id selectorId status
+      typeSpecificData { ... on SensorData { lastCursor } }
+      ticks(limit: 10) { id status timestamp skipReason runIds cursor error { message } } } }
+  ... on PythonError { message }
+"""
+
+START_SENSOR = "mutation Start($s: SensorSelector!) { startSensor(sensorSelector: $s) {" + SENSOR_FIELDS + "} }"
+SENSOR = "query Sensor($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {" + SENSOR_FIELDS + "} }"
+STOP_SENSOR = """
+mutation Stop($origin: String!, $selector: String!) {
+  stopSensor(jobOriginId: $origin, jobSelectorId: $selector) {
+    __typename ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } }
+}
+"""
+
+
+def _location(d: Dagster) -> tuple[str, str]:
+    nodes = d.gql(REPOS)["repositoriesOrError"]["nodes"]
+    assert len(nodes) == 1, nodes
+    return nodes[0]["location"]["name"], nodes[0]["name"]
+
+
+def _launch_backfill(d: Dagster, keys: list[str], title: str) -> str:
+    params = {
+        "assetSelection": [{"path": [a]} for a in ASSETS],
+        "partitionNames": keys,
+        "title": title,
+    }
+    res = d.gql(LAUNCH, {"params": params})["launchPartitionBackfill"]
+    assert res["__typename"] == "LaunchBackfillSuccess", res
+    return res["backfillId"]
+
+
+def _tag(run: dict[str, Any], key: str) -> str | None:
+    return next((t["value"] for t in run["tags"] if t["key"] == key), None)
+
+
+def _run_partition(run: dict[str, Any]) -> str:
+    """The one partition of a backfill run (a range of one, under a single-partition backfill policy)."""
+    start = _tag(run, "dagster/asset_partition_range_start") or _tag(run, "dagster/partition")
+    end = _tag(run, "dagster/asset_partition_range_end") or start
+    assert start is not None and start == end, run["tags"]
+    return start
+
+
+def _wait_backfill(d: Dagster, backfill_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        bf = d.gql(BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
+        assert bf["__typename"] == "PartitionBackfill", bf
+        runs = bf["runs"]
+        if bf["status"] in DONE and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
+            return bf
+        assert d.proc.poll() is None, f"dagster dev died:\n{d.tail()}"
+        time.sleep(2)
+    raise AssertionError(f"backfill {backfill_id} did not finish:\n{d.tail()}")
+
+
+# ---- helpers on the stormlake side -------------------------------------------------------------
+def _status(env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run([str(BIN / "stormlake"), "status", "--json"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _ledger_counts() -> dict[str, Any]:
+    from resources.ledger import get_ledger
+
+    led = get_ledger(os.environ["STORMLAKE_PG_DSN"])
+    receipts = led.query("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'DELIVERED') AS d FROM receipts")[0]
+    attempts = {f"{k[0]}/{k[1]}": v for k, v in sorted(led.attempt_counts().items())}
+    seqs = {f"{r['partition_key']}/{r['phase']}": r["seq"] for r in led.query(
+        "SELECT partition_key, phase, seq FROM checkpoints WHERE superseded_at IS NULL")}
+    return {"receipts": receipts["n"], "delivered": receipts["d"], "attempts": attempts, "seqs": seqs}
+
+
+def _events_of(keys: list[str]) -> list[dict[str, Any]]:
+    """The ledger's events of these partitions (for failure messages)."""
+    from resources.ledger import get_ledger
+
+    return get_ledger(os.environ["STORMLAKE_PG_DSN"]).query(
+        "SELECT event_id, partition_key, phase, status, input_hash, seq, attempt, run_id, detail, at"
+        " FROM checkpoint_events WHERE partition_key = ANY(%s) ORDER BY event_id", (keys,))
+
+
+def _delta_versions() -> dict[str, int | None]:
+    from resources.settings import load_settings
+    from tests.helpers import table_versions
+
+    return table_versions(load_settings().lake)
+
+
+def _materialization_statuses(run_ids: list[str]) -> dict[tuple[str, str], str]:
+    """(partition, asset) -> the ``status`` metadata of its materialization in these runs."""
+    out: dict[tuple[str, str], str] = {}
+    with dg.DagsterInstance.get() as instance:
+        for run_id in run_ids:
+            for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+                mat = rec.asset_materialization
+                assert mat is not None
+                out[(str(mat.partition), mat.asset_key.to_user_string())] = str(mat.metadata["status"].value)
+    return out
+
+
+# ---- the test ---------------------------------------------------------------------------------
+def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> None:
+    d = dagster_dev
+    location, repo = _location(d)
+
+    # 1. A backfill over 2 days x 2 regions, as the UI launches it.
+    first_id = _launch_backfill(d, KEYS, "e2e: sample partitions")
+    first = _wait_backfill(d, first_id)
+    assert first["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), (first, d.tail())
+    runs = first["runs"]
+    # Backfill policy multi_run(max_partitions_per_run=1): one run per partition, all four phases
+    # each, and no run failed and was retried (the first runs of a fresh instance used to race
+    # to create the pools' rows; see pipeline.instance.ensure_pools).
+    assert [_tag(r, "dagster/retry_number") for r in runs] == [None] * len(runs), runs
+    assert len(runs) == len(KEYS), runs
+    assert all(r["status"] == "SUCCESS" for r in runs), runs
+    assert sorted(_run_partition(r) for r in runs) == sorted(KEYS)
+
+    status = _status(d.env)
+    by_key = {f"{p['day']}|{p['region']}": p for p in status["partitions"]}
+    assert sorted(by_key) == sorted(KEYS)
+    for key, p in by_key.items():
+        assert p["tier"] == 4 and p["tier_label"] == "published", (key, p)
+        assert all(p["phases"][ph.name]["status"] == "COMPLETED" for ph in PHASES), p
+        assert p["deliveries"] and all(r["status"] == "DELIVERED" for r in p["deliveries"])
+    firsts = _materialization_statuses([r["id"] for r in runs])
+    assert set(firsts.values()) == {"COMPLETED"} and len(firsts) == len(KEYS) * len(ASSETS)
+
+    before = _ledger_counts()
+    versions_before = _delta_versions()
+    assert before["receipts"] == before["delivered"] > 0
+
+    # 2. The same backfill again: every run only skips; nothing computed, nothing delivered.
+    second_id = _launch_backfill(d, KEYS, "e2e: again")
+    second = _wait_backfill(d, second_id)
+    assert second["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), second
+    assert len(second["runs"]) == len(KEYS) and all(r["status"] == "SUCCESS" for r in second["runs"])
+    seconds = _materialization_statuses([r["id"] for r in second["runs"]])
+    assert len(seconds) == len(KEYS) * len(ASSETS)
+    assert set(seconds.values()) == {"SKIPPED"}, (seconds, _events_of([k for (k, _), v in seconds.items() if v != "SKIPPED"]))
+    assert _ledger_counts() == before
+    assert _delta_versions() == versions_before
+    assert all(p["tier"] == 4 for p in _status(d.env)["partitions"])
+
+    # 3. Real daemon ticks of both sensors, turned on as the UI's toggle does.
+    #    landing_sensor: its cursor is empty, so all four folders are new to it; the ledger's
+    #    preflight says every phase of them is done for these files, so the tick records their
+    #    fingerprints in its cursor and launches nothing.
+    #    outbox_sensor: reads every checkpoint event; each partition's latest event is a skip or
+    #    the present phase's completion, so nothing is continued, and its cursor is the last event.
+    selectors = {name: {"repositoryName": repo, "repositoryLocationName": location, "sensorName": name}
+                 for name in ("landing_sensor", "outbox_sensor")}
+    started: dict[str, dict[str, Any]] = {}
+    try:
+        for name, sel in selectors.items():
+            started[name] = d.gql(START_SENSOR, {"s": sel})["startSensor"]
+            assert started[name]["__typename"] == "Sensor", started[name]
+        ticks = {name: _first_tick(d, sel) for name, sel in selectors.items()}
+    finally:
+        for st in started.values():
+            stopped = d.gql(STOP_SENSOR, {"origin": st["jobOriginId"], "selector": st["sensorState"]["selectorId"]})
+            assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
+
+    tick, state = ticks["landing_sensor"]
+    assert tick["status"] == "SKIPPED" and tick["runIds"] == [], tick
+    assert "4 new or changed partition(s) already done" in (tick["skipReason"] or ""), tick
+    assert sorted(json.loads(state["typeSpecificData"]["lastCursor"])) == sorted(KEYS)
+
+    tick, state = ticks["outbox_sensor"]
+    assert tick["status"] == "SKIPPED" and tick["runIds"] == [], tick
+    assert "nothing to continue" in (tick["skipReason"] or ""), tick
+    from pipeline.sensors import OutboxCursor
+    from resources.ledger import get_ledger
+
+    cursor = OutboxCursor.parse(state["typeSpecificData"]["lastCursor"])
+    assert cursor.pending == {}
+    assert 0 < cursor.after <= get_ledger(os.environ["STORMLAKE_PG_DSN"]).query(
+        "SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"]
+    # The ledger saw the sensor's look (a preflight skip per phase) but no work.
+    after = _ledger_counts()
+    assert after["receipts"] == before["receipts"] and after["attempts"] == before["attempts"]
+
+    # 4. The asset graph of this code location in a real browser.
+    _check_asset_graph(d, location)
+
+
+def _first_tick(d: Dagster, selector: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sensor's first finished tick (as the daemon recorded it) and its state at that time."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        sensor = d.gql(SENSOR, {"s": selector})["sensorOrError"]
+        assert sensor["__typename"] == "Sensor", sensor
+        state = sensor["sensorState"]
+        done = [t for t in state["ticks"] if t["status"] in ("SUCCESS", "SKIPPED", "FAILURE")]
+        if done:
+            return done[-1], state  # ticks are newest first
+        assert d.proc.poll() is None, f"dagster dev died:\n{d.tail()}"
+        time.sleep(2)
+    raise AssertionError(f"no tick of {selector['sensorName']} recorded:\n{d.tail()}")
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "chromium is not installed (Debian: apt-get install -y chromium)"
+    return path
+
+
+def _browser(args: list[str], url: str, profile: Path) -> subprocess.CompletedProcess:
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=15000",
+           "--window-size=1600,1000", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _check_asset_graph(d: Dagster, location: str) -> None:
+    url = f"{d.url}/locations/{location}/asset-groups/storm"
+    ARTIFACTS.mkdir(exist_ok=True)
+    profile = ARTIFACTS / "chromium-profile"
+    shutil.rmtree(profile, ignore_errors=True)
+    try:
+        dom = _browser(["--dump-dom"], url, profile)
+        assert dom.returncode == 0, dom.stderr[-3000:]
+        (ARTIFACTS / "asset-graph.html").write_text(dom.stdout)
+        missing = [a for a in ASSETS if a not in dom.stdout]
+        assert not missing, f"asset(s) {missing} not in the rendered asset graph (see test-artifacts/asset-graph.html)"
+        shot = ARTIFACTS / "asset-graph.png"
+        shot.unlink(missing_ok=True)
+        res = _browser([f"--screenshot={shot}"], url, profile)
+        assert res.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, res.stderr[-3000:]
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
