@@ -8,8 +8,7 @@ import pyarrow as pa
 from dagster import AssetExecutionContext
 
 from assets.enrich import enriched_outages
-from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
-from assets.partitions import PARTITIONS
+from assets.materialize import asset_options, materialize_phase
 from assets.phases import CORRELATE
 from assets.runner import Check, PhaseIO, PhaseOutput
 from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
@@ -61,20 +60,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("cluster_cells_known", set(members) <= risk_cells, "every cluster cell has a risk row")
 
 
-@dg.asset(
-    name=CORRELATE.asset,
-    partitions_def=PARTITIONS,
-    deps=[enriched_outages],
-    code_version=f"{CORRELATE.code_version}.s{CORRELATE.schema_version}",
-    group_name="storm",
-    kinds={"deltalake", "postgres"},
-    tags={"stormlake/phase": CORRELATE.name},
-    metadata={"tables": list(CORRELATE.tables), "tier": CORRELATE.tier},
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-    retry_policy=TRANSIENT_RETRY,
-    check_specs=[grader_spec(CORRELATE)],
-    pool="stormlake_correlate",
-)
+@dg.asset(**asset_options(CORRELATE, deps=[enriched_outages]))
 def storm_correlation(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                       landing: LandingResource, publisher: PublisherResource):
     """Outages against gust and rain per cell-hour, a risk figure per cell, and damage clusters."""

@@ -8,8 +8,7 @@ import pyarrow as pa
 from dagster import AssetExecutionContext
 
 from assets.ingest import ingested_batch
-from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
-from assets.partitions import PARTITIONS
+from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
 from assets.runner import Check, PhaseIO, PhaseOutput
 from assets.schemas import OUTAGES_ENRICHED
@@ -49,20 +48,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("hour_range", bool(len(hours) == 0 or (hours.min() >= 0 and hours.max() <= 23)), "hour in 0..23")
 
 
-@dg.asset(
-    name=ENRICH.asset,
-    partitions_def=PARTITIONS,
-    deps=[ingested_batch],
-    code_version=f"{ENRICH.code_version}.s{ENRICH.schema_version}",
-    group_name="storm",
-    kinds={"deltalake", "postgres"},
-    tags={"stormlake/phase": ENRICH.name},
-    metadata={"tables": list(ENRICH.tables), "tier": ENRICH.tier},
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-    retry_policy=TRANSIENT_RETRY,
-    check_specs=[grader_spec(ENRICH)],
-    pool="stormlake_enrich",
-)
+@dg.asset(**asset_options(ENRICH, deps=[ingested_batch]))
 def enriched_outages(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                      landing: LandingResource, publisher: PublisherResource):
     """Outages on the H3 resolution-7 grid with the cell's customers, feeder, terrain and weather."""

@@ -7,8 +7,7 @@ from dataclasses import asdict
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
-from assets.partitions import PARTITIONS
+from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
 from assets.runner import Check, PhaseIO, PhaseOutput
 from assets.transforms.ingest import ingest_partition
@@ -52,19 +51,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
                 f"{q} quarantined in file reports, {out.tables['quarantine'].num_rows} rows in quarantine")
 
 
-@dg.asset(
-    name=INGEST.asset,
-    partitions_def=PARTITIONS,
-    code_version=f"{INGEST.code_version}.s{INGEST.schema_version}",
-    group_name="storm",
-    kinds={"deltalake", "postgres"},
-    tags={"stormlake/phase": INGEST.name},
-    metadata={"tables": list(INGEST.tables), "tier": INGEST.tier},
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-    retry_policy=TRANSIENT_RETRY,
-    check_specs=[grader_spec(INGEST)],
-    pool="stormlake_ingest",
-)
+@dg.asset(**asset_options(INGEST))
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""

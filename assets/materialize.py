@@ -26,6 +26,26 @@ from resources.publisher import PublisherResource
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
+def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str] | None = None) -> dict[str, Any]:
+    """The ``@dg.asset`` arguments every phase asset shares (partitions, versions, policies)."""
+    from assets.partitions import PARTITIONS
+
+    return dict(
+        name=phase.asset,
+        partitions_def=PARTITIONS,
+        deps=deps or [],
+        code_version=f"{phase.code_version}.s{phase.schema_version}",
+        group_name="storm",
+        kinds=kinds or {"deltalake", "postgres"},
+        tags={"stormlake/phase": phase.name},
+        metadata={"tables": list(phase.tables), "tier": phase.tier},
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+        retry_policy=TRANSIENT_RETRY,
+        check_specs=[grader_spec(phase)],
+        pool=f"stormlake_{phase.name}",  # one pool per phase: the writer of its Delta tables
+    )
+
+
 def grader_spec(phase: Phase) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(
         "grader",

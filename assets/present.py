@@ -9,8 +9,7 @@ import pyarrow as pa
 from dagster import AssetExecutionContext
 
 from assets.correlate import storm_correlation
-from assets.materialize import TRANSIENT_RETRY, grader_spec, materialize_phase
-from assets.partitions import PARTITIONS
+from assets.materialize import asset_options, materialize_phase
 from assets.phases import PRESENT
 from assets.runner import Check, PhaseIO, PhaseOutput
 from assets.schemas import REGION_DAY_SUMMARY
@@ -69,20 +68,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("report_picture", html is not None and b"data:image/png;base64," in html.data, "report has a picture")
 
 
-@dg.asset(
-    name=PRESENT.asset,
-    partitions_def=PARTITIONS,
-    deps=[storm_correlation],
-    code_version=f"{PRESENT.code_version}.s{PRESENT.schema_version}",
-    group_name="storm",
-    kinds={"deltalake", "postgres", "html"},
-    tags={"stormlake/phase": PRESENT.name},
-    metadata={"tables": list(PRESENT.tables), "tier": PRESENT.tier},
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-    retry_policy=TRANSIENT_RETRY,
-    check_specs=[grader_spec(PRESENT)],
-    pool="stormlake_present",
-)
+@dg.asset(**asset_options(PRESENT, deps=[storm_correlation], kinds={"deltalake", "postgres", "html"}))
 def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                         landing: LandingResource, publisher: PublisherResource):
     """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
+import psycopg
 import pytest
 
 from assets.phases import ENRICH, INGEST, PHASES
@@ -19,6 +20,7 @@ from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outb
 from resources.lake import LakeResource
 from resources.landing import LandingResource
 from resources.ledger import LedgerResource
+from resources.pgserver import with_database
 from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize
 
@@ -372,7 +374,13 @@ def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], ins
     assert {defs.resolve_assets_def(p.asset).op.pool for p in PHASES} == set(pool_keys())
     assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
     assert instance.run_coordinator.__class__.__name__ == "QueuedRunCoordinator"
-    # Dagster's storage shares the ledger's database when STORMLAKE_PG_DSN is set: one DSN, one world.
-    tables = {r["table_name"] for r in _ledger().query(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
-    assert {"runs", "event_logs", "concurrency_limits", "checkpoints", "checkpoint_events", "receipts"} <= tables
+    # Dagster's storage is on the ledger's server, in a database of its own named after the ledger's.
+    query = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    ledger_tables = {r["table_name"] for r in _ledger().query(query)}
+    assert {"checkpoints", "checkpoint_events", "receipts", "recorded_calls"} <= ledger_tables
+    assert "runs" not in ledger_tables
+    dagster_dsn = with_database(sl_env["STORMLAKE_PG_DSN"],
+                                psycopg.conninfo.conninfo_to_dict(sl_env["STORMLAKE_PG_DSN"])["dbname"] + "_dagster")
+    with psycopg.connect(dagster_dsn) as conn:
+        dagster_tables = {r[0] for r in conn.execute(query)}
+    assert {"runs", "event_logs", "concurrency_limits"} <= dagster_tables
