@@ -23,7 +23,9 @@ from resources.landing import LandingResource
 from resources.ledger import LedgerResource
 from resources.publisher import PublisherResource
 
-TRANSIENT_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+# Dagster-level retries of transient errors, on top of the ledger's and the webhook target's own
+# bounded retries: a step is tried at most 3 times, 1 s and then about 2 s apart.
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
 def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str] | None = None) -> dict[str, Any]:

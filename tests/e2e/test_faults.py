@@ -247,7 +247,7 @@ def _random_kills(kills: int, seed: int, pg_dsn: str, landing: Path, tmp_path: P
         for i in range(kills * 4):
             if done_kills >= kills:
                 break
-            delay = rng.uniform(1.0, 6.0)
+            delay = rng.uniform(0.5, 4.0)
             proc = start(env, *ALL_ARGS, log=tmp_path / f"run-{i}.log")
             deadline = time.monotonic() + delay
             while time.monotonic() < deadline and proc.poll() is None:
