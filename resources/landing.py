@@ -13,8 +13,21 @@ PARTITION_FILES = ("outages.csv", "weather.csv")
 REFERENCE_FILES = ("reference/customers.csv", "reference/terrain.csv")
 
 
+# Digests already computed in this process, by the file's identity and change stamp: the CLI's
+# preflight and the ingest phase after it ask for the same files within seconds.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _DIGESTS.get(stamp)
+    if cached is not None:
+        return cached
     h = hashlib.sha256()
     try:
         with path.open("rb") as fh:
@@ -22,7 +35,10 @@ def file_digest(path: Path) -> str:
                 h.update(chunk)
     except FileNotFoundError:
         return "missing"
-    return h.hexdigest()
+    if len(_DIGESTS) > 4096:
+        _DIGESTS.clear()
+    _DIGESTS[stamp] = digest = h.hexdigest()
+    return digest
 
 
 @dataclass(frozen=True)
