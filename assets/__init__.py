@@ -1,0 +1,8 @@
+"""Middle floor: the four phases, their transforms, schemas and the one phase runner."""
+
+import warnings
+
+import dagster as dg
+
+# ``backfill_policy`` on @asset is marked beta; the policy is deliberate (README, "Backfills").
+warnings.filterwarnings("ignore", message=r".*`backfill_policy`.*beta", category=dg.BetaWarning)

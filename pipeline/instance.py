@@ -112,7 +112,7 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     text = dagster_yaml(None if has_secret else url)
     target = home / "dagster.yaml"
     if not target.exists() or target.read_text() != text:
-        tmp = target.with_suffix(".yaml.tmp")
+        tmp = target.with_name(f".dagster.yaml.{os.getpid()}.tmp")  # several processes may write at once
         tmp.write_text(text)
         os.replace(tmp, target)
     os.environ["DAGSTER_HOME"] = str(home)

@@ -62,11 +62,12 @@ class ReportData:
 
 def _region_names() -> dict[str, str]:
     """region_id -> display name from the configured region list; empty when it cannot be read."""
-    try:
-        from resources.settings import load_regions, load_settings
+    from resources.errors import StormlakeError
+    from resources.settings import load_regions, load_settings
 
+    try:
         return {r.region_id: r.name for r in load_regions(load_settings().regions_file)}
-    except Exception:  # the report must not fail over a label
+    except (StormlakeError, OSError):  # the report must not fail over a label
         return {}
 
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
 import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -186,7 +187,6 @@ class Lake:
 
 
 # ---- Dagster resource --------------------------------------------------------------------
-import dagster as dg  # noqa: E402
 
 
 class LakeResource(dg.ConfigurableResource):

@@ -7,6 +7,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
+
 from resources.settings import REGION_ID_RE
 
 PARTITION_FILES = ("outages.csv", "weather.csv")
@@ -79,7 +81,6 @@ class Landing:
 
 
 # ---- Dagster resource --------------------------------------------------------------------
-import dagster as dg  # noqa: E402
 
 
 class LandingResource(dg.ConfigurableResource):

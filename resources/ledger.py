@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import dagster as dg
 import psycopg
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
@@ -674,7 +675,6 @@ def redact(dsn: str) -> str:
 
 
 # ---- Dagster resource --------------------------------------------------------------------
-import dagster as dg  # noqa: E402
 
 
 class LedgerResource(dg.ConfigurableResource):

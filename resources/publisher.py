@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import dagster as dg
+
 from resources.errors import DeliveryExhausted, DeliveryRejected
 
 CONTENT_TYPES = {
@@ -162,7 +164,6 @@ def build_targets(publish_dir: Path, webhook_url: str | None, *, timeout_s: floa
 
 
 # ---- Dagster resource --------------------------------------------------------------------
-import dagster as dg  # noqa: E402
 
 
 class PublisherResource(dg.ConfigurableResource):
