@@ -389,7 +389,8 @@ def database(admin_dsn: str, prefix: str = "stormlake_e2e") -> Iterator[str]:
         yield with_database(admin_dsn, name)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            for db in (name, f"{name}_dagster"):  # the ledger's, and Dagster's storage next to it
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
 def make_home(root: Path, landing: Path, dsn: str, *, webhook: str | None = None, **settings: str) -> dict[str, str]:

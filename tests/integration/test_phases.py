@@ -148,7 +148,8 @@ def other_pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
             led.close()
             ledger_mod._LEDGERS.pop(key, None)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        for db in (name, f"{name}_dagster"):  # the ledger's, and Dagster's storage next to it
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
 # ---- a full run ----------------------------------------------------------------------------
