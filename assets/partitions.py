@@ -25,10 +25,6 @@ def storm_partitions(region_list: list[Region] | None = None, first_day: str | N
     )
 
 
-def partition_key(day: str, region_id: str) -> str:
-    return f"{day}|{region_id}"
-
-
 def split_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
     """``(day, region_id)`` of a multi-partition key."""
     if isinstance(key, dg.MultiPartitionKey):

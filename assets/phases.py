@@ -34,4 +34,3 @@ PRESENT = Phase("present", "operational_picture", 4, "published", 1, "1",
 PHASES: tuple[Phase, ...] = (INGEST, ENRICH, CORRELATE, PRESENT)
 BY_NAME = {p.name: p for p in PHASES}
 TIER_LABELS = {0: "not_started", **{p.tier: p.tier_label for p in PHASES}}
-TABLE_OWNER = {t: p.name for p in PHASES for t in p.tables}

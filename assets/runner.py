@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from assets.phases import BY_NAME, Phase
+from assets.phases import Phase
 from assets.schemas import PARTITION_COLUMNS, TABLES
 from resources import faults
 from resources.errors import GraderError, LedgerUnavailable, StormlakeError
@@ -149,7 +149,7 @@ class PhaseIO:
     def read_arrow(self, table: str) -> pa.Table:
         """Read this partition of ``table`` at the version its producer's checkpoint pinned."""
         owner, _ = TABLES[table]
-        cp = self.upstream.get(BY_NAME[owner].name)
+        cp = self.upstream.get(owner)
         if cp is None:
             raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
         version = cp.summary["delta_versions"][table]

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import psycopg
 
-from resources.errors import ConfigError
 from resources.pgserver import resolve_dsns
 from resources.settings import Settings
 
@@ -50,15 +49,6 @@ def sqlalchemy_url(dsn: str) -> str:
         return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}"
     port = f":{info['port']}" if info.get("port") else ""
     return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
-
-
-def checked_dsn(dsn: str) -> str:
-    """``dsn`` if it parses as a PostgreSQL connection string, else a ConfigError (never echoing it)."""
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError("STORMLAKE_PG_DSN is not a valid PostgreSQL connection string") from exc
-    return dsn
 
 
 def dagster_yaml(url_literal: str | None) -> str:
@@ -100,8 +90,6 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     Sets ``DAGSTER_HOME`` (and the storage URL variable when the DSN has a password) in this
     process's environment so that Dagster and any child process find the instance.
     """
-    if settings.pg_dsn:
-        checked_dsn(settings.pg_dsn)
     ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)

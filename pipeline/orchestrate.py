@@ -56,17 +56,23 @@ class PartitionRun:
         return self.error_class in DB_DOWN_CLASSES
 
 
+_WRAPPERS = ("DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested")
+
+
+def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
+    """Unwrap Dagster's wrappers (step execution, exhausted retry policy) down to our error."""
+    while err is not None and err.cause is not None and err.cls_name in _WRAPPERS:
+        err = err.cause
+    return err
+
+
 def _failure_message(event: dg.DagsterEvent) -> str:
     data = event.step_failure_data
     if data is None:
         return "failed"
     if data.user_failure_data is not None and data.user_failure_data.description:
         return data.user_failure_data.description
-    err = data.error
-    # Unwrap Dagster's wrappers (step execution, exhausted retry policy) down to our error.
-    while err is not None and err.cause is not None and err.cls_name in (
-        "DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested"):
-        err = err.cause
+    err = _root_error(data.error)
     if err is None:
         return "failed"
     return f"{err.cls_name}: {err.message.strip().splitlines()[0] if err.message else ''}"
@@ -95,11 +101,7 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
             run.error = run.error or _failure_message(event)
             data = event.step_failure_data
             if run.error_class is None and data is not None and data.error is not None:
-                err = data.error
-                while err.cause is not None and err.cls_name in (
-                        "DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested"):
-                    err = err.cause
-                run.error_class = err.cls_name
+                run.error_class = _root_error(data.error).cls_name
     if not result.success and run.error is None:
         run.error = "run failed (see the run in the Dagster UI)"
     run.seconds = time.monotonic() - start

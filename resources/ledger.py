@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -668,10 +667,6 @@ def get_ledger(dsn: str) -> Ledger:
             _LEDGERS[key] = ledger
         return ledger
 
-
-def redact(dsn: str) -> str:
-    """The DSN with any password masked, for messages."""
-    return re.sub(r"(password=)\S+|(:)[^:@/]+(@)", lambda m: (m.group(1) or m.group(2)) + "***" + (m.group(3) or ""), dsn)
 
 
 # ---- Dagster resource --------------------------------------------------------------------

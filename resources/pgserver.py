@@ -92,6 +92,9 @@ def with_database(dsn: str, database: str) -> str:
     return psycopg.conninfo.make_conninfo(**info)
 
 
+_RESOLVED: dict[tuple[str | None, str], tuple[str, str]] = {}
+
+
 def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     """Return ``(ledger_dsn, dagster_dsn)``.
 
@@ -102,6 +105,16 @@ def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     (their names do not collide). Without ``pg_dsn``, the embedded server is started and the
     databases ``stormlake`` and ``dagster`` are created on it.
     """
+    key = (pg_dsn, str(pgdata))
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    dsns = _resolve(pg_dsn, pgdata)
+    if dsns[0] != dsns[1]:  # a fallback to one database is asked again next time
+        _RESOLVED[key] = dsns
+    return dsns
+
+
+def _resolve(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     if pg_dsn:
         try:
             info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
