@@ -35,6 +35,21 @@ REGION = Region("gulf_coast", "Gulf Coast", 29.20, 30.20, -90.60, -89.40)
 UTC = "UTC"
 
 
+
+def _cell_hours(enr: pd.DataFrame) -> pd.DataFrame:
+    """The cell-hour table the present phase receives, built from hand-made outages."""
+    return (
+        enr.groupby(["cell_id", "hour"], sort=True)
+        .agg(
+            outages=("event_id", "size"),
+            customers_out=("customers_out", "sum"),
+            cell_customers=("cell_customers", "first"),
+            gust_ms=("gust_ms", "max"),
+            rain_mm=("rain_mm", "max"),
+        )
+        .reset_index()
+    )
+
 def _ts(text: str | None) -> pd.Timestamp | None:
     return None if text is None else pd.Timestamp(text, tz=UTC)
 
@@ -136,17 +151,7 @@ def build_inputs(region: Region = REGION, day: str = DAY) -> dict[str, pd.DataFr
             }
         )
     enr = pd.DataFrame(enriched)
-    ch = (
-        enr.groupby(["cell_id", "hour"], sort=True)
-        .agg(
-            outages=("event_id", "size"),
-            customers_out=("customers_out", "sum"),
-            cell_customers=("cell_customers", "first"),
-            gust_ms=("gust_ms", "max"),
-            rain_mm=("rain_mm", "max"),
-        )
-        .reset_index()
-    )
+    ch = _cell_hours(enr)
     cell_hour = [{**base, **r} for r in ch.to_dict("records")]
 
     cluster_of = {c: 1 for c in storm} | {lone: 2}
@@ -277,17 +282,7 @@ def build_large_inputs(region: Region = REGION, day: str = DAY, seed: int = 7) -
             }
         )
     enr = pd.DataFrame(enriched)
-    ch = (
-        enr.groupby(["cell_id", "hour"], sort=True)
-        .agg(
-            outages=("event_id", "size"),
-            customers_out=("customers_out", "sum"),
-            cell_customers=("cell_customers", "first"),
-            gust_ms=("gust_ms", "max"),
-            rain_mm=("rain_mm", "max"),
-        )
-        .reset_index()
-    )
+    ch = _cell_hours(enr)
     cell_risk, clusters = [], []
     members: dict[int, list[str]] = {}
     for j, (lat, lon, s) in enumerate(storms, start=1):
