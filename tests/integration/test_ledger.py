@@ -1,0 +1,60 @@
+"""The ledger's own guarantees, on a real PostgreSQL: fencing, immutability, migrations."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from resources.errors import FencingError, LedgerError
+from resources.ledger import Ledger
+
+KEY = "2026-09-01|gulf_coast"
+ARGS = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="correlate",
+            input_hash="h1", schema_version=1, code_version="1", run_id="r")
+
+
+def test_a_writer_whose_lease_was_taken_over_cannot_commit(ledger: Ledger) -> None:
+    first = ledger.decide(**ARGS, claim=True).claim
+    # The first attempt lost its lease (its process hung, say); a newer attempt claims the phase.
+    second = ledger.decide(**ARGS, claim=True).claim
+    assert first is not None and second is not None
+    assert second.seq > first.seq and second.checkpoint.attempt == 2
+    with pytest.raises(FencingError):
+        ledger.record_call(first, call_key="k", kind="delta_commit", name="t", input={}, output={})
+    with pytest.raises(FencingError):
+        ledger.complete(first, state_hash="late", summary={}, tier=3, tier_label="correlated", run_id="r")
+    done = ledger.complete(second, state_hash="s2", summary={}, tier=3, tier_label="correlated", run_id="r")
+    assert done.status == "COMPLETED" and done.state_hash == "s2"
+    # The late writer cannot record a failure over the completed checkpoint either.
+    assert ledger.fail(first, error_class="X", error_message="late", run_id="r") is False
+    assert ledger.head(KEY, "correlate").state_hash == "s2"
+
+
+def test_a_completed_checkpoint_is_never_overwritten(ledger: Ledger, pg_dsn: str) -> None:
+    claim = ledger.decide(**ARGS, claim=True).claim
+    assert claim is not None
+    ledger.complete(claim, state_hash="s1", summary={"rows": {}}, tier=3, tier_label="correlated", run_id="r")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+            conn.execute("UPDATE checkpoints SET status = 'FAILED' WHERE partition_key = %s", (KEY,))
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+            conn.execute("DELETE FROM checkpoints WHERE partition_key = %s", (KEY,))
+    # The same input hash again is a skip, not a new attempt.
+    assert ledger.decide(**ARGS, claim=True).skip
+
+
+def test_migrations_rerun_is_a_no_op(ledger: Ledger) -> None:
+    version = ledger.schema_version()
+    assert version >= 1
+    assert ledger.migrate() == []
+    assert ledger.schema_version() == version
+
+
+def test_a_receipt_is_never_downgraded(ledger: Ledger) -> None:
+    rec = ledger.prepare_receipt(artifact_id="gulf_coast/2026-09-01/summary.json@0123456789abcdef", target="file",
+                                 partition_key=KEY, region_id="gulf_coast", day="2026-09-01", kind="summary.json",
+                                 content_hash="0" * 64, size_bytes=1, target_ref="/x", checkpoint_id=None)
+    assert rec.status == "PENDING"
+    ledger.mark_delivered(rec.artifact_id, "file", {"path": "/x"})
+    with pytest.raises(LedgerError):
+        ledger.query("UPDATE receipts SET status = 'PENDING' RETURNING artifact_id")
