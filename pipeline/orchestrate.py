@@ -78,12 +78,20 @@ def _failure_message(event: dg.DagsterEvent) -> str:
     return f"{err.cls_name}: {err.message.strip().splitlines()[0] if err.message else ''}"
 
 
+def phase_selection(first: int) -> list[dg.AssetKey] | None:
+    """The phase assets from the ``first``-th phase on (None: the whole job)."""
+    if first <= 0:
+        return None
+    return [dg.AssetKey(p.asset) for p in PHASES[first:]]
+
+
 def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str, *,
-                  tags: dict[str, str] | None = None) -> PartitionRun:
+                  tags: dict[str, str] | None = None, first: int = 0) -> PartitionRun:
     start = time.monotonic()
     result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False,
-                                    run_config=QUIET, tags=tags or {})
-    run = PartitionRun(key=key, ok=result.success, run_id=result.run_id, seconds=0.0)
+                                    run_config=QUIET, tags=tags or {}, asset_selection=phase_selection(first))
+    run = PartitionRun(key=key, ok=result.success, run_id=result.run_id, seconds=0.0,
+                       phases={p.name: "SKIPPED" for p in PHASES[:first]})
     for event in result.all_events:
         if event.is_step_materialization:
             mat = event.step_materialization_data.materialization
@@ -200,12 +208,17 @@ def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[
 
 
 def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, group: list[str], *, tags: dict[str, str],
-              on_done: Callable[[PartitionRun], None]) -> list[PartitionRun]:
-    """One run over a key range; each partition is reported as soon as its last phase is done."""
+              on_done: Callable[[PartitionRun], None], first: int = 0) -> list[PartitionRun]:
+    """One run over a key range; each partition is reported as soon as its last phase is done.
+
+    ``first``: the index of the first phase to run (the phases before it are done for every
+    partition of the range and are left out of the run).
+    """
     from assets.runner import OUTCOME_LISTENERS
 
     start = time.monotonic()
-    runs = {k: PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group}
+    runs = {k: PartitionRun(key=k, ok=False, run_id="", seconds=0.0,
+                            phases={p.name: "SKIPPED" for p in PHASES[:first]}) for k in group}
     last = PHASES[-1].name
 
     def listen(phase: str, key: str, status: str, delivered: tuple[str, ...]) -> None:
@@ -222,7 +235,8 @@ def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, group: list[s
     OUTCOME_LISTENERS.append(listen)
     try:
         result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET,
-                                        tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]})
+                                        tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]},
+                                        asset_selection=phase_selection(first))
     finally:
         OUTCOME_LISTENERS.remove(listen)
     for run in runs.values():
@@ -239,7 +253,8 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     up to ``max_per_run`` partitions, a key range, which saves Dagster's per-run cost; if a
     range run fails, its unfinished partitions are run again one per run, so a bad partition
     holds back no other. With ``preflight`` (the default), partitions whose every phase would
-    skip launch no run at all.
+    skip launch no run at all, and a run starts at the first phase that some partition of its
+    range still needs (a resumed batch does not step through its finished phases again).
     """
     from assets.materialize import build_runner
     from assets.partitions import PARTITIONS
@@ -274,8 +289,9 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
         start = time.monotonic()
         if progress:
             progress.starting(key)
+        first = plan(key) if preflight else 0
         try:
-            return run_partition(job, instance, key, tags=tags)
+            return run_partition(job, instance, key, tags=tags, first=first)
         except Exception as exc:  # Dagster's storage failing under the run
             if not _db_down(exc):
                 raise
@@ -284,13 +300,24 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
                                       "start it again, then re-run the same command to resume",
                                 error_class="LedgerUnavailable")
 
+    def plan(key: str) -> int:
+        """The partition's first phase to run; the skips of the phases before it are recorded."""
+        part = PartitionRef.parse(key, runner.regions)
+        n = runner.leading_skips(part)
+        runner.record_skips(part, n)
+        return n
+
     with instance:
         reap_dead_cli_runs(instance)
         todo: list[str] = []
+        first: dict[str, int] = {}
         for key in keys:
             start = time.monotonic()
-            if preflight and runner.preflight(PartitionRef.parse(key, runner.regions)):
+            part = PartitionRef.parse(key, runner.regions)
+            first[key] = runner.leading_skips(part) if preflight else 0
+            if first[key] == len(PHASES):
                 # Every phase is already done for these inputs: no run to launch.
+                runner.record_skips(part, len(PHASES))
                 report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
                                     phases={p.name: "SKIPPED" for p in PHASES}))
             else:
@@ -303,8 +330,13 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
                 continue
             if progress:
                 progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
+            # The range starts at the earliest phase any of its partitions needs; the phases
+            # before it are current for all of them (their skips recorded here, not in a step).
+            start_at = min(first[k] for k in group)
+            for key in group:
+                runner.record_skips(PartitionRef.parse(key, runner.regions), start_at)
             try:
-                ranged = run_range(job, instance, group, tags=tags, on_done=report)
+                ranged = run_range(job, instance, group, tags=tags, on_done=report, first=start_at)
             except Exception as exc:
                 if not _db_down(exc):
                     raise

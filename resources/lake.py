@@ -29,11 +29,14 @@ SEQ_KEY = "stormlake.seq"
 
 # Tables known to exist (per process): a Lake object is rebuilt in every step.
 _CREATED: set[str] = set()
-# Partitions this process wrote recently, by (table uri, region, day, version): a later phase
-# of the same run reads them back at exactly that version, so they are served from memory
-# instead of a Parquet scan. Least recently used first out, within a byte budget.
-_WRITTEN: OrderedDict[tuple[str, str, str, int], pa.Table] = OrderedDict()
-WRITE_CACHE_BYTES = 768 * 1024 * 1024
+# Partitions this process wrote or read recently, by (table uri, region, day, version): a later
+# phase of the same run reads them back at exactly that version, so they are served from memory
+# instead of a Parquet scan (a resumed run reads an upstream table from disk once, not once per
+# phase that needs it). A pinned version never changes, so an entry never goes stale. Least
+# recently used first out, within a byte budget.
+_CACHE: OrderedDict[tuple[str, str, str, int], pa.Table] = OrderedDict()
+_CACHE_BYTES = [0]
+CACHE_BUDGET_BYTES = 768 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -100,15 +103,16 @@ class Lake:
         the interpreter at exit with deltalake 1.6 and pyarrow 26.
         """
         key = (self.uri(table), region_id, day, version)
-        cached = _WRITTEN.get(key)
+        cached = _CACHE.get(key)
         if cached is not None:
-            _WRITTEN.move_to_end(key)
+            _CACHE.move_to_end(key)
             return cached if columns is None else cached.select(columns)
         dt = self.table(table, version)
         ds = dt.to_pyarrow_dataset()
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
-        out = ds.to_table(filter=flt, columns=columns, use_threads=False)
-        return out.cast(self.schemas[table]) if columns is None else out
+        out = ds.to_table(filter=flt, use_threads=False).cast(self.schemas[table])
+        _remember(key, out)
+        return out if columns is None else out.select(columns)
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500) -> int | None:
         """The table version whose commit carries app transaction ``(app, seq)``, if any."""
@@ -161,29 +165,39 @@ class Lake:
             except DeltaError as exc:
                 raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
             # The handle now stands at our commit's version; confirm from that commit's info
-            # (one log file) and fall back to a history search if anything disagrees.
+            # (the newest entry of the handle's history, no reload) and fall back to a history
+            # search if anything disagrees.
             version = dt.version()
-            entry = DeltaTable(self.uri(table), version=version).history(1)
-            if not entry or entry[0].get(APP_KEY) != app or str(entry[0].get(SEQ_KEY)) != str(seq):
+            entry = dt.history(1)
+            if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app
+                    or str(entry[0].get(SEQ_KEY)) != str(seq)):
                 version = self.committed_version(table, app, seq)
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
-            self._remember(table, region_id, day, version, data)
+            _remember((self.uri(table), region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
-
-    def _remember(self, table: str, region_id: str, day: str, version: int, data: pa.Table) -> None:
-        _WRITTEN[(self.uri(table), region_id, day, version)] = data
-        total = sum(t.nbytes for t in _WRITTEN.values())
-        while _WRITTEN and total > WRITE_CACHE_BYTES:
-            _, evicted = _WRITTEN.popitem(last=False)
-            total -= evicted.nbytes
 
     def latest_version(self, table: str) -> int | None:
         uri = self.uri(table)
         if not DeltaTable.is_deltatable(uri):
             return None
         return self.table(table).version()
+
+
+def _remember(key: tuple[str, str, str, int], data: pa.Table) -> None:
+    """Keep a partition in the process cache, evicting the least recently used over budget."""
+    old = _CACHE.pop(key, None)
+    if old is not None:
+        _CACHE_BYTES[0] -= old.nbytes
+    size = data.nbytes
+    if size > CACHE_BUDGET_BYTES:
+        return
+    _CACHE[key] = data
+    _CACHE_BYTES[0] += size
+    while _CACHE and _CACHE_BYTES[0] > CACHE_BUDGET_BYTES:
+        _, evicted = _CACHE.popitem(last=False)
+        _CACHE_BYTES[0] -= evicted.nbytes
 
 
 # ---- Dagster resource --------------------------------------------------------------------

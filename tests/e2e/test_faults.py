@@ -196,6 +196,11 @@ def test_injected_raise_fails_the_run_then_resumes(pg_dsn: str, sample_landing: 
             assert after[name] == before["phases"][name], name
         assert after["correlate"]["attempts"] == 2 and after["present"]["attempts"] == 1, after
         assert after["correlate"]["seq"] > cp["seq"], after
+        # The resume ran from correlate on: the finished phases' skips were recorded by the
+        # CLI's preflight (no run id), not by ingest or enrich steps of the resumed run.
+        skips = sql_rows(pg_dsn, "SELECT phase, run_id FROM checkpoint_events WHERE status = 'SKIPPED'"
+                                 " ORDER BY event_id")
+        assert sorted(skips) == [("enrich", None), ("ingest", None)], skips
         check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=0, final=final)
 
 
