@@ -21,13 +21,18 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMLAKE_", "DAGSTER_"))}
     env.update({"STORMLAKE_HOME": str(tmp_path / "home"), "STORMLAKE_PG_DSN": pg_dsn})
     exe = Path(sys.executable).with_name("stormlake")
-    proc = subprocess.run([str(exe), "bench", "--json", "--partitions", "2", "--rows-per-partition", "2000"],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    proc = subprocess.Popen([str(exe), "bench", "--json", "--partitions", "2", "--rows-per-partition", "2000",
+                             "--repeat", "2"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=540)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout)
 
-    assert set(out) == {"config", "runs", "ratios", "checkpoint_commit_ms"}
-    assert out["config"] == {"partitions": 2, "rows_per_partition": 2000}
+    assert set(out) == {"config", "runs", "ratios", "checkpoint_commit_ms", "samples"}
+    assert out["config"] == {"partitions": 2, "rows_per_partition": 2000, "repeat": 2}
     assert set(out["runs"]) == {"bare", "pipeline", "rerun", "resume"}
     for name, run in out["runs"].items():
         assert set(run) == RUN_KEYS, name
@@ -35,6 +40,11 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     ratios = out["ratios"]
     assert set(ratios) == {"pipeline_vs_bare", "rerun_vs_pipeline", "resume_vs_pipeline", "resume_target"}
     assert all(v > 0 for v in ratios.values()), ratios
+    # Every sample is listed; each run's figure is its fastest sample.
+    assert set(out["samples"]) == {"bare", "pipeline", "resume"}
+    for name, walls in out["samples"].items():
+        assert len(walls) == 2 and all(w > 0 for w in walls), (name, walls)
+        assert out["runs"][name]["wall_s"] == pytest.approx(min(walls), abs=0.002), name
     # The re-run found every partition published: it did no work, so it is far cheaper.
     assert ratios["rerun_vs_pipeline"] < 1
     assert 0.05 < ratios["resume_target"] <= 1.05
