@@ -7,6 +7,7 @@ from dataclasses import asdict
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from assets.landing_files import landing_files, observe_for_ingest
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
 from assets.runner import Check, PhaseIO, PhaseOutput
@@ -51,9 +52,12 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
                 f"{q} quarantined in file reports, {out.tables['quarantine'].num_rows} rows in quarantine")
 
 
-@dg.asset(**asset_options(INGEST))
+@dg.asset(**asset_options(INGEST, deps=[landing_files]))
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""
+    # The observation of the files about to be read comes first, so this materialization is not
+    # stale against it (assets/landing_files.py).
+    observe_for_ingest(context, landing)
     yield from materialize_phase(context, INGEST, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

@@ -5,7 +5,11 @@
 section 1); the ledger DSN and the webhook URL are read through ``dg.EnvVar`` so they are never
 shown in the UI or logged.
 
-The daily schedule and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
+Besides the four phase assets (group ``storm``, ``storm_job``) the location holds the observable
+source asset ``landing_files`` (group ``landing``, ``assets/landing_files.py``), the input of
+ingest, and the ``observe_landing`` job that observes it.
+
+The schedules and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
 registered STOPPED: nothing launches on its own until an operator turns it on in the UI
 (Automation) or with ``dagster schedule start`` / ``dagster sensor start``.
 """
@@ -17,8 +21,9 @@ import dagster as dg
 from assets.correlate import storm_correlation
 from assets.enrich import enriched_outages
 from assets.ingest import ingested_batch
+from assets.landing_files import landing_files
 from assets.present import operational_picture
-from pipeline.jobs import storm_job
+from pipeline.jobs import observe_landing, storm_job
 from pipeline.schedules import SCHEDULES
 from pipeline.sensors import SENSORS
 from resources.lake import LakeResource
@@ -56,10 +61,11 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
 
 
 PHASE_ASSETS = [ingested_batch, enriched_outages, storm_correlation, operational_picture]
+SOURCE_ASSETS = [landing_files]  # observed, never materialized
 
 defs = dg.Definitions(
-    assets=PHASE_ASSETS,
-    jobs=[storm_job],
+    assets=[*SOURCE_ASSETS, *PHASE_ASSETS],
+    jobs=[storm_job, observe_landing],
     schedules=SCHEDULES,
     sensors=SENSORS,
     resources=build_resources(),

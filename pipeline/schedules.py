@@ -6,6 +6,10 @@ so a tick evaluated twice (daemon restart, a manual "test tick") never launches 
 twice. Days before ``STORMLAKE_FIRST_DAY`` are not partitions and are skipped. A run for a
 partition that is already published only records skips in the ledger (the phases decide), so
 a late schedule after a manual backfill costs a few seconds and delivers nothing.
+
+``observe_landing_schedule`` runs the ``observe_landing`` job every 15 minutes: an observation of
+the landing files (no phase runs), so a changed landing file shows its partition of ingest stale
+in the UI even while the landing sensor is off. Also STOPPED by default.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import datetime as dt
 import dagster as dg
 
 from assets.partitions import PARTITIONS
-from pipeline.jobs import storm_job
+from pipeline.jobs import observe_landing, storm_job
 
+OBSERVE_CRON = "*/15 * * * *"
 DAILY_CRON = "0 3 * * *"  # 03:00 UTC: late landing files of the previous day have had three hours
 LAUNCHED_BY = "stormlake/launched_by"
 
@@ -67,4 +72,16 @@ def daily_storm_schedule(context: dg.ScheduleEvaluationContext):
     return daily_requests(scheduled)
 
 
-SCHEDULES = [daily_storm_schedule]
+observe_landing_schedule = dg.ScheduleDefinition(
+    name="observe_landing_schedule",
+    cron_schedule=OBSERVE_CRON,
+    execution_timezone="UTC",
+    job=observe_landing,
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    tags={LAUNCHED_BY: "observe_landing_schedule"},
+    description="Every 15 minutes, observes the landing files (a new data version for each partition whose "
+                "files changed; ingest then shows stale in the UI). Runs no phase. Stopped by default.",
+)
+
+
+SCHEDULES = [daily_storm_schedule, observe_landing_schedule]

@@ -61,6 +61,17 @@ def _statuses(run_id: str) -> dict[str, str]:
         return out
 
 
+def _landing_observations(key: str) -> tuple[list[dg.EventLogRecord], int | None]:
+    """The observations of landing_files for ``key``, and the one the latest ingest points at."""
+    with dg.DagsterInstance.get() as instance:
+        flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey("landing_files"), asset_partitions=[key])
+        observations = list(instance.fetch_observations(flt, limit=10).records)
+        mats = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("ingested_batch"), asset_partitions=[key]), limit=1).records
+        provenance = dg.DataProvenance.from_tags(mats[0].asset_materialization.tags) if mats else None
+        return observations, provenance.input_storage_ids.get(dg.AssetKey("landing_files")) if provenance else None
+
+
 def test_dagster_asset_materialize_from_a_shell(cli_env: dict[str, str]) -> None:
     key = "2026-09-01|gulf_coast"
     cmd = (f"{shlex.quote(str(BIN / 'dagster'))} asset materialize -m pipeline.definitions "
@@ -79,6 +90,11 @@ def test_dagster_asset_materialize_from_a_shell(cli_env: dict[str, str]) -> None
     assert _statuses(first_run) == {a: "COMPLETED" for a in ASSETS}
     listed = _shell(f"{shlex.quote(str(BIN / 'dagster'))} run list --limit 5", cli_env)
     assert listed.returncode == 0 and first_run in listed.stdout, listed.stderr[-2000:]
+    # '*' selects the four phases, not the observable source landing_files; the ingest step (in its
+    # own process) observed the files it read, and its materialization points at that observation.
+    observations, pointer = _landing_observations(key)
+    assert [o.run_id for o in observations] == [first_run]
+    assert pointer is not None and pointer >= observations[0].storage_id
 
     # The same command again is a second Dagster run that computes nothing.
     again = _shell(cmd, cli_env)
@@ -89,6 +105,7 @@ def test_dagster_asset_materialize_from_a_shell(cli_env: dict[str, str]) -> None
     assert _statuses(newest.run_id) == {a: "SKIPPED" for a in ASSETS}
     after = _status(cli_env)[key]
     assert {n: p["attempts"] for n, p in after["phases"].items()} == {p.name: 1 for p in PHASES}
+    assert [o.run_id for o in _landing_observations(key)[0]] == [first_run]  # same files: no new observation
     assert after["deliveries"] == status[key]["deliveries"]
 
 

@@ -1,7 +1,9 @@
-"""The code location loads: job, the four phase assets, their partitions, code versions and graders."""
+"""The code location loads: job, the four phase assets, their partitions, code versions and graders;
+and the observable source asset landing_files (the input of ingest) with its observe job and schedule."""
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,32 @@ def test_defs_load_and_job_resolves(defs: dg.Definitions) -> None:
     assert isinstance(job.partitions_def, dg.MultiPartitionsDefinition)
     keys = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
     assert keys == set(ASSETS)
+
+
+def test_landing_files_is_an_observable_source_outside_the_storm_group(defs: dg.Definitions) -> None:
+    from assets.partitions import PARTITIONS
+
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {*ASSETS, "landing_files"}
+    node = graph.get(dg.AssetKey("landing_files"))
+    assert node.is_observable and not node.is_materializable
+    assert node.partitions_def == PARTITIONS
+    assert node.group_name == "landing"
+    assert {k.to_user_string() for k in graph.get(dg.AssetKey("ingested_batch")).parent_keys} == {"landing_files"}
+    # The phases are the storm group; the source is not (storm_job: exactly the four phases).
+    assert {k.to_user_string() for k in dg.AssetSelection.groups("storm").resolve(graph)} == set(ASSETS)
+
+    job = defs.resolve_job_def("observe_landing")
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"landing_files"}
+    schedule = defs.resolve_schedule_def("observe_landing_schedule")
+    assert schedule.job_name == "observe_landing"
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert schedule.cron_schedule == "*/15 * * * *"
+    tick = schedule.evaluate_tick(dg.build_schedule_context(
+        scheduled_execution_time=dt.datetime(2026, 9, 2, 3, 15, tzinfo=dt.UTC), repository_def=defs.get_repository_def()))
+    # One run of the observe job over the whole landing zone (the observation reads every partition).
+    assert [(r.partition_key, r.tags["stormlake/launched_by"]) for r in tick.run_requests or []] == [
+        (None, "observe_landing_schedule")]
 
 
 def test_phase_assets_are_in_protocol_order() -> None:
@@ -81,3 +109,5 @@ def test_dagster_cli_lists_all_four_assets(sl_env: dict[str, str], tmp_path: Pat
     listed = {line.strip() for line in proc.stdout.splitlines() if line.strip()}
     for name in ASSETS:
         assert name in listed, f"{name} missing from `dagster asset list`: {proc.stdout!r}"
+    # The observable source asset is not materializable, so `asset list` (like `--select '*'`) leaves it out.
+    assert "landing_files" not in listed

@@ -1,0 +1,129 @@
+"""The landing files as an observable source asset, so the stale view reaches the input of ingest.
+
+``landing_files`` is partitioned like the phases. The data version of a partition is a
+fingerprint of the content digests of the files its ingest reads (its two files and the
+reference files: :meth:`Landing.digests`, the digests the ingest input hash uses), so it changes
+exactly when ingest's input changes; a touched but unchanged file keeps it. ``ingested_batch``
+depends on it. Dagster keeps, with each materialization of ingest, the storage id of the latest
+observation of ``landing_files``; a later observation of that partition with another data version
+shows the partition of ingest (and what is downstream of it) stale.
+
+Who observes: the landing sensor (partitions whose files changed), the ``observe_landing`` job and
+schedule, the UI's "Observe sources", and the ingest step itself. The ingest step makes sure the
+partition's latest observation carries the fingerprint of the files it is about to read, and
+then has Dagster read the latest observation again, so that a freshly materialized ingest is
+not stale (see :func:`observe_for_ingest`).
+
+Observations are only recorded for partitions whose fingerprint differs from their latest
+observation: an equal one changes nothing in the stale view and would only add events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterable, Mapping
+
+import dagster as dg
+
+from assets.partitions import PARTITIONS, split_key
+from resources.landing import PARTITION_FILES, Landing, LandingResource
+
+LANDING_FILES = "landing_files"
+LANDING_KEY = dg.AssetKey(LANDING_FILES)
+LANDING_GROUP = "landing"
+# The tag an observation's data version is stored under (dagster._core.definitions.data_version
+# .DATA_VERSION_TAG); Dagster indexes it, so the latest version of many partitions is one query.
+DATA_VERSION_TAG = "dagster/data_version"
+
+
+def landing_version(landing: Landing, region_id: str, day: str) -> str:
+    """The data version of a partition's landing files: sha256 over their content digests."""
+    lines = "\n".join(f"{rel}:{digest}" for rel, digest in landing.digests(region_id, day).items())
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def keys_with_files(landing: Landing, partitions_def: dg.MultiPartitionsDefinition = PARTITIONS, *,
+                    today: str | None = None) -> list[str]:
+    """Partition keys whose folder holds at least one of the partition's files, in (day, region) order.
+
+    Folders that are not partitions (unknown region, before the first day, a day not over yet) are left out.
+    """
+    day_def = partitions_def.get_partitions_def_for_dimension("day")
+    assert isinstance(day_def, dg.DailyPartitionsDefinition)
+    first = day_def.start.date().isoformat()
+    today = today or dt.datetime.now(dt.UTC).date().isoformat()
+    regions = set(partitions_def.get_partitions_def_for_dimension("region").get_partition_keys())
+    keys = []
+    for day, region in landing.partitions():
+        if region not in regions or day < first or day >= today:
+            continue
+        folder = landing.partition_dir(region, day)
+        if any((folder / name).exists() for name in PARTITION_FILES):
+            keys.append(f"{day}|{region}")
+    return keys
+
+
+def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[str, str]:
+    """Partition key -> data version of its latest observation of ``landing_files`` (one query)."""
+    keys = [str(k) for k in keys]
+    if not keys:
+        return {}
+    tags = instance.event_log_storage.get_latest_tags_by_partition(
+        LANDING_KEY, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG], asset_partitions=keys)
+    return {k: t[DATA_VERSION_TAG] for k, t in tags.items() if DATA_VERSION_TAG in t}
+
+
+def changed_versions(instance: dg.DagsterInstance, landing: Landing, keys: Iterable[str]) -> dict[str, str]:
+    """Fingerprints of the ``keys`` whose latest observation is missing or carries another version."""
+    current = {}
+    for key in keys:
+        day, region = split_key(key)
+        current[str(key)] = landing_version(landing, region, day)
+    latest = latest_versions(instance, current)
+    return {k: v for k, v in current.items() if latest.get(k) != v}
+
+
+def observations(versions: Mapping[str, str]) -> list[dg.AssetObservation]:
+    """Observations of ``landing_files`` carrying the given data versions (as the observe function's are)."""
+    return [dg.AssetObservation(asset_key=LANDING_KEY, partition=key, tags={DATA_VERSION_TAG: version})
+            for key, version in versions.items()]
+
+
+@dg.observable_source_asset(
+    name=LANDING_FILES,
+    partitions_def=PARTITIONS,
+    group_name=LANDING_GROUP,
+    description="The landing files each (day, region) batch's ingest reads (its outages.csv and weather.csv "
+                "and the reference files). Data version: a fingerprint of their content digests. Observed by "
+                "the landing sensor, the observe_landing job/schedule, 'Observe sources' and the ingest step.",
+)
+def landing_files(context: dg.OpExecutionContext, landing: LandingResource) -> dg.DataVersionsByPartition:
+    """Every partition with landing files whose fingerprint changed since its latest observation."""
+    zone = landing.get()
+    keys = keys_with_files(zone)
+    changed = changed_versions(context.instance, zone, keys)
+    context.log.info(f"{len(keys)} partition(s) with landing files; {len(changed)} new or changed"
+                     + (f": {', '.join(list(changed)[:10])}" if changed else ""))
+    return dg.DataVersionsByPartition(changed)
+
+
+def observe_for_ingest(context: dg.AssetExecutionContext, landing: LandingResource) -> dict[str, str]:
+    """Before ingest reads its files: record their fingerprint where the latest observation differs.
+
+    Dagster reads the latest observation of ``landing_files`` (its storage id is what later
+    observations are compared against) once, when the step starts, before this body runs. An
+    observation logged here is stored at once but would not be seen by that read: the
+    materialization would point before it, and the observation would then count as a change. So
+    the cached read is dropped and done again right after (Dagster's ``DataVersionCache``, reached
+    through ``get_step_execution_context()``, Dagster's own hook for framework code). Handles every
+    partition of the step (a range run has several). Returns the versions logged, by partition key.
+    """
+    zone = landing.get()
+    changed = changed_versions(context.instance, zone, context.partition_keys)
+    for obs in observations(changed):
+        context.log_event(obs)
+    step = context.get_step_execution_context()
+    step.wipe_input_asset_version_info(LANDING_KEY)
+    step.maybe_fetch_and_get_input_asset_version_info(LANDING_KEY)
+    return changed

@@ -1,0 +1,220 @@
+"""A changed landing file shows its partition of ingest stale in Dagster's UI once it is observed.
+
+Real PostgreSQL (ledger and Dagster storage), the project's own Dagster instance, the real
+resources. The stale view is asked the way the UI asks it: Dagster's GraphQL schema
+(``staleStatus`` / ``staleCauses`` of the asset nodes, per partition) over an in-process
+workspace of the code location ``pipeline.definitions``, which resolves them with Dagster's
+``CachingStaleStatusResolver``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import in_process_test_workspace
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from assets.landing_files import DATA_VERSION_TAG, LANDING_FILES, LANDING_KEY, landing_version
+from assets.phases import INGEST, PHASES
+from resources.landing import Landing
+from tests.helpers import KEY
+
+REPO = Path(__file__).resolve().parents[2]
+OTHER = "2026-09-01|pine_belt"
+INGEST_KEY = dg.AssetKey(INGEST.asset)
+PHASE_KEYS = [dg.AssetKey(p.asset) for p in PHASES]
+
+
+@pytest.fixture
+def instance(sl_env: dict[str, str]) -> Iterator[dg.DagsterInstance]:
+    """The project's own Dagster instance (dagster.yaml written by prepare_dagster_home)."""
+    from pipeline.instance import prepare_dagster_home
+    from resources.settings import load_settings
+
+    prepare_dagster_home(load_settings())
+    with dg.DagsterInstance.get() as inst:
+        yield inst
+
+
+def _defs() -> dg.Definitions:
+    """The code location's assets and jobs, with resources built from this test's environment."""
+    from pipeline.definitions import PHASE_ASSETS, SOURCE_ASSETS, build_resources
+    from pipeline.jobs import observe_landing, storm_job
+
+    return dg.Definitions(assets=[*SOURCE_ASSETS, *PHASE_ASSETS], jobs=[storm_job, observe_landing],
+                          resources=build_resources())
+
+
+STALE_QUERY = """
+query Stale($keys: [AssetKeyInput!], $partition: String!) {
+  assetNodes(assetKeys: $keys) {
+    assetKey { path }
+    staleStatus(partition: $partition)
+    staleCauses(partition: $partition) { key { path } partitionKey reason dependency { path } dependencyPartitionKey }
+  }
+}
+"""
+
+
+@contextmanager
+def _workspace(instance: dg.DagsterInstance) -> Iterator[object]:
+    origin = LoadableTargetOrigin(module_name="pipeline.definitions", working_directory=str(REPO))
+    with in_process_test_workspace(instance, origin) as ctx:
+        yield ctx
+
+
+def _ui(instance: dg.DagsterInstance, partition: str) -> dict[str, tuple[str, list[tuple]]]:
+    """Asset -> (stale status, root causes as (asset, partition, reason)) of the four phases, as the UI gets them."""
+    with _workspace(instance) as ctx:
+        result = execute_dagster_graphql(ctx, STALE_QUERY, {"keys": [{"path": k.path} for k in PHASE_KEYS],
+                                                              "partition": partition})
+    assert not result.errors, result.errors
+    return {"/".join(n["assetKey"]["path"]): (n["staleStatus"], [
+        ("/".join(c["key"]["path"]), c["partitionKey"], c["reason"]) for c in n["staleCauses"]])
+        for n in result.data["assetNodes"]}
+
+
+def _status(instance: dg.DagsterInstance, key: str) -> dict[str, str]:
+    return {name: status for name, (status, _) in _ui(instance, key).items()}
+
+
+def _direct_causes(instance: dg.DagsterInstance, asset: dg.AssetKey, partition: str) -> list[tuple]:
+    """The direct stale causes (dependency, its partition, reason) from the workspace's resolver."""
+    with _workspace(instance) as ctx:
+        causes = ctx.stale_status_loader.get_stale_causes(asset, partition)
+    return [(c.dependency_asset_key, c.dependency_partition_key, c.reason) for c in causes]
+
+
+def _landing() -> Landing:
+    from resources.settings import load_settings
+
+    return Landing(Path(load_settings().landing))
+
+
+def _version(key: str) -> str:
+    day, region = key.split("|")
+    return landing_version(_landing(), region, day)
+
+
+def _observations(instance: dg.DagsterInstance, key: str | None = None) -> list[dg.EventLogRecord]:
+    flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=[key] if key else None)
+    return list(instance.fetch_observations(flt, limit=1000).records)
+
+
+def _data_version(record: dg.EventLogRecord) -> str:
+    obs = record.asset_observation
+    assert obs is not None
+    return obs.tags[DATA_VERSION_TAG]
+
+
+def _change_outages(key: str) -> None:
+    """A content change of the partition's outages.csv: its last data row dropped."""
+    day, region = key.split("|")
+    path = _landing().partition_dir(region, day) / "outages.csv"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]))
+
+
+def _touch(key: str) -> None:
+    day, region = key.split("|")
+    path = _landing().partition_dir(region, day) / "outages.csv"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+
+def _run_ingest(defs: dg.Definitions, instance: dg.DagsterInstance, key: str, **kwargs) -> dg.ExecuteInProcessResult:
+    result = defs.resolve_job_def("storm_job").execute_in_process(
+        partition_key=key, asset_selection=[INGEST_KEY], instance=instance, **kwargs)
+    assert result.success
+    return result
+
+
+def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict[str, str], instance) -> None:
+    defs = _defs()
+    done = defs.resolve_job_def("storm_job").execute_in_process(partition_key=KEY, instance=instance)
+    assert done.success
+    _run_ingest(defs, instance, OTHER)
+
+    # Fresh after the run: ingest recorded the observation of the files it read, before its
+    # materialization, and the materialization points at it.
+    assert set(_status(instance, KEY).values()) == {"FRESH"}
+    assert _status(instance, OTHER)[INGEST.asset] == "FRESH"
+    (obs,) = _observations(instance, KEY)
+    assert _data_version(obs) == _version(KEY)
+    assert obs.run_id == done.run_id
+    mat = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=INGEST_KEY, asset_partitions=[KEY]), limit=1).records[0]
+    provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
+    assert provenance is not None and provenance.input_storage_ids[LANDING_KEY] >= obs.storage_id
+
+    # The same run again (every phase skips): no second observation, still fresh.
+    assert defs.resolve_job_def("storm_job").execute_in_process(partition_key=KEY, instance=instance).success
+    assert len(_observations(instance, KEY)) == 1
+    assert set(_status(instance, KEY).values()) == {"FRESH"}
+
+    # An observation with no change (nothing new) records nothing.
+    observe = defs.resolve_job_def("observe_landing")
+    first = observe.execute_in_process(instance=instance)
+    assert first.success
+    observed = {e.event_specific_data.asset_observation.partition for e in first.all_events
+                if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION}
+    # the two partitions never ingested are observed for the first time; KEY and OTHER are not
+    assert observed == {"2026-09-02|gulf_coast", "2026-09-02|pine_belt"}
+    assert set(_status(instance, KEY).values()) == {"FRESH"}
+
+    # A changed landing file, observed (the observe_landing job, no phase runs): ingest of that
+    # partition is stale, naming the landing_files partition; OTHER is not.
+    _change_outages(KEY)
+    again = observe.execute_in_process(instance=instance)
+    assert again.success
+    assert [r.partition_key for r in _observations(instance)][:1] == [KEY]
+    assert _data_version(_observations(instance, KEY)[0]) == _version(KEY)
+    ui = _ui(instance, KEY)
+    assert ui[INGEST.asset] == ("STALE", [(LANDING_FILES, KEY, "has a new data version")])
+    assert _direct_causes(instance, INGEST_KEY, KEY) == [(LANDING_KEY, KEY, "has a new dependency data version")]
+    assert _status(instance, OTHER)[INGEST.asset] == "FRESH"
+    # Dagster 1.13's stale status is not transitive: a phase is stale when its own direct input
+    # changed, so enrich..present still show in sync with the ingest they read, until it runs.
+    assert [ui[k.to_user_string()] for k in PHASE_KEYS[1:]] == [("FRESH", [])] * 3
+
+    # Ingest again: it reads the new files and is fresh (the observation already carried them);
+    # its new data version (state hash) now shows enrich stale, and so on down the phases.
+    n = len(_observations(instance, KEY))
+    _run_ingest(defs, instance, KEY)
+    assert len(_observations(instance, KEY)) == n
+    ui = _ui(instance, KEY)
+    assert ui[INGEST.asset] == ("FRESH", [])
+    assert ui[PHASE_KEYS[1].to_user_string()] == ("STALE", [(INGEST.asset, KEY, "has a new data version")])
+    assert defs.resolve_job_def("storm_job").execute_in_process(partition_key=KEY, instance=instance).success
+    assert set(_status(instance, KEY).values()) == {"FRESH"}
+
+
+def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env: dict[str, str],
+                                                                         instance) -> None:
+    """A file changed and not observed yet: the range run's step observes each of its partitions first."""
+    defs = _defs()
+    keys = [KEY, OTHER]  # neighbours: one key range of two partitions in one step
+    _run_ingest(defs, instance, KEY)
+    _change_outages(KEY)  # not observed: no sensor, no observe job
+    result = defs.resolve_job_def("storm_job").execute_in_process(
+        asset_selection=[INGEST_KEY], instance=instance,
+        tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+    assert result.success
+    logged = [e.event_specific_data.asset_observation for e in result.all_events
+              if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    assert sorted((o.partition, o.tags[DATA_VERSION_TAG]) for o in logged) == sorted((k, _version(k)) for k in keys)
+    for key in keys:
+        assert _status(instance, key)[INGEST.asset] == "FRESH", key
+    # Observing now finds nothing new for them: the step's observations stand.
+    counts = {k: len(_observations(instance, k)) for k in keys}
+    assert counts == {KEY: 2, OTHER: 1}
+    assert defs.resolve_job_def("observe_landing").execute_in_process(instance=instance).success
+    assert {k: len(_observations(instance, k)) for k in keys} == counts
+    assert all(_status(instance, k)[INGEST.asset] == "FRESH" for k in keys)
+
