@@ -10,7 +10,12 @@
     (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
     touched but not changed), no run is launched. Folders of unknown regions, days before
     ``STORMLAKE_FIRST_DAY`` and days not over yet are ignored; a partition still missing a file
-    waits (it is not put in the cursor, so it is looked at again on the next tick).
+    waits (it is not put in the cursor, so it is looked at again on the next tick). For the new or
+    changed partitions and the waiting ones, the tick also observes the ``landing_files`` source
+    asset: an ``AssetObservation`` with the fingerprint of the files' contents as data version
+    (``assets/landing_files.py``), only where it differs from the partition's latest observation
+    (a touched file keeps its version). Dagster stores these with the tick, before any run, so the
+    UI shows the partition of ingest stale at once, whether or not a run follows.
 
 ``outbox_sensor``
     Reads the ledger's ``checkpoint_events`` in event-id order (the cursor), logs progress and
@@ -36,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import dagster as dg
 
+from assets.landing_files import changed_versions, observations
 from assets.phases import PHASES
 from pipeline.jobs import storm_job
 from pipeline.schedules import LAUNCHED_BY, first_day
@@ -107,7 +113,7 @@ def _load_map(cursor: str | None) -> dict[str, str]:
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Requests a (day, region) batch when its landing files are new or changed "
-                "(run key landing:<key>:<fingerprint>). Stopped by default.",
+                "(run key landing:<key>:<fingerprint>) and observes landing_files for them. Stopped by default.",
 )
 def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
@@ -132,6 +138,11 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
             partition_key=key,
             tags={LAUNCHED_BY: "landing_sensor", "stormlake/landing_fingerprint": scan.fingerprints[key]},
         ))
+    # Observations of landing_files where the content changed (changed and waiting partitions).
+    observed = changed_versions(context.instance, landing.get(), [*scan.changed, *scan.waiting])
+    if observed:
+        context.log.info(f"observed new landing file contents of {len(observed)} partition(s): "
+                         f"{', '.join(list(observed)[:10])}")
     if scan.waiting:
         context.log.info(f"waiting for files of {len(scan.waiting)} partition(s): {', '.join(scan.waiting[:10])}")
     if scan.ignored:
@@ -146,7 +157,10 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
     if not requests:
         skip = (f"no run needed: {len(unchanged)} new or changed partition(s) already done for their current content"
                 if unchanged else f"no new or changed landing files ({len(scan.fingerprints)} partitions known)")
-    return dg.SensorResult(run_requests=requests, cursor=cursor, skip_reason=skip)
+        if observed:
+            skip += f"; observed landing_files of {len(observed)} partition(s)"
+    return dg.SensorResult(run_requests=requests, cursor=cursor, skip_reason=skip,
+                           asset_events=observations(observed))
 
 
 # ---- outbox ----------------------------------------------------------------------------------

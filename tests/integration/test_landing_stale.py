@@ -218,3 +218,45 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
     assert {k: len(_observations(instance, k)) for k in keys} == counts
     assert all(_status(instance, k)[INGEST.asset] == "FRESH" for k in keys)
 
+
+def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], instance) -> None:
+    from pipeline.definitions import build_resources
+    from pipeline.sensors import landing_sensor
+
+    def tick(cursor: str | None) -> dg.SensorResult:
+        result = landing_sensor(dg.build_sensor_context(instance=instance, cursor=cursor,
+                                                        resources=dict(build_resources())))
+        assert isinstance(result, dg.SensorResult)
+        for event in result.asset_events:  # what the sensor daemon does with them, before any run
+            instance.report_runless_asset_event(event)
+        return result
+
+    def observed(result: dg.SensorResult) -> dict[str, str]:
+        assert all(isinstance(e, dg.AssetObservation) and e.asset_key == LANDING_KEY for e in result.asset_events)
+        return {e.partition: e.tags[DATA_VERSION_TAG] for e in result.asset_events}
+
+    all_keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+    first = tick(None)
+    assert observed(first) == {k: _version(k) for k in all_keys}
+    assert sorted(r.partition_key for r in first.run_requests) == all_keys
+
+    defs = _defs()
+    _run_ingest(defs, instance, KEY)  # its files were observed by the tick: nothing more logged
+    assert len(_observations(instance, KEY)) == 1
+    assert _status(instance, KEY)[INGEST.asset] == "FRESH"
+
+    second = tick(first.cursor)  # nothing changed
+    assert observed(second) == {} and second.run_requests == []
+
+    _touch(KEY)  # stat fingerprint changes, content does not: same data version, no observation
+    third = tick(second.cursor)
+    assert observed(third) == {}
+    assert _status(instance, KEY)[INGEST.asset] == "FRESH"
+
+    _change_outages(KEY)
+    fourth = tick(third.cursor)
+    assert observed(fourth) == {KEY: _version(KEY)}
+    assert [r.partition_key for r in fourth.run_requests] == [KEY]
+    # Stale in the UI as soon as the tick's observation is stored, before the requested run.
+    assert _status(instance, KEY)[INGEST.asset] == "STALE"
+    assert _status(instance, OTHER)[INGEST.asset] == "MISSING"

@@ -109,8 +109,8 @@ def test_daily_schedule_evaluates_through_the_code_location() -> None:
 
 
 # ---- the landing sensor ------------------------------------------------------------------------
-def _landing_tick(cursor: str | None) -> dg.SensorResult:
-    ctx = dg.build_sensor_context(cursor=cursor, resources=_resources())
+def _landing_tick(cursor: str | None, instance: dg.DagsterInstance) -> dg.SensorResult:
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=_resources())
     result = landing_sensor(ctx)
     assert isinstance(result, dg.SensorResult)
     return result
@@ -131,7 +131,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     # A complete past day still missing its weather file: waits, is not requested, not in the cursor.
     _write(landing / "gulf_coast/2026-09-03/outages.csv", (landing / "gulf_coast/2026-09-01/outages.csv").read_text())
 
-    first = _landing_tick(None)
+    first = _landing_tick(None, instance)
     keys = sorted(r.partition_key for r in first.run_requests)
     assert keys == ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
     cursor = json.loads(first.cursor)
@@ -141,7 +141,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
         assert r.tags["stormlake/launched_by"] == "landing_sensor"
 
     # Nothing changed: nothing requested, same cursor.
-    second = _landing_tick(first.cursor)
+    second = _landing_tick(first.cursor, instance)
     assert second.run_requests == []
     assert "no new or changed landing files" in (second.skip_reason.skip_message or "")
     assert json.loads(second.cursor) == cursor
@@ -152,7 +152,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     outages = landing / "gulf_coast/2026-09-01/outages.csv"
     st = outages.stat()
     os.utime(outages, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    third = _landing_tick(second.cursor)
+    third = _landing_tick(second.cursor, instance)
     assert third.run_requests == []
     assert "1 new or changed partition(s) already done" in (third.skip_reason.skip_message or "")
     assert json.loads(third.cursor)[KEY] != cursor[KEY]
@@ -162,7 +162,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     lines = weather.read_text().splitlines(keepends=True)
     weather.write_text("".join(lines[:-1]))
     _write(landing / "gulf_coast/2026-09-03/weather.csv", (landing / "gulf_coast/2026-09-01/weather.csv").read_text())
-    fourth = _landing_tick(third.cursor)
+    fourth = _landing_tick(third.cursor, instance)
     assert sorted(r.partition_key for r in fourth.run_requests) == ["2026-09-01|pine_belt", "2026-09-03|gulf_coast"]
     new_cursor = json.loads(fourth.cursor)
     pine = next(r for r in fourth.run_requests if r.partition_key == "2026-09-01|pine_belt")
@@ -171,14 +171,18 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     assert "atlantis" not in fourth.cursor and "2026-08-31" not in fourth.cursor and today not in fourth.cursor
 
 
-def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: dict[str, str]) -> None:
+def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: dict[str, str], instance) -> None:
     landing = Path(sl_env["STORMLAKE_HOME"]) / "landing"
-    first = _landing_tick(None)
+    first = _landing_tick(None, instance)
     ref = landing / "reference/customers.csv"
     ref.write_text(ref.read_text() + "\n")
-    again = _landing_tick(first.cursor)
+    again = _landing_tick(first.cursor, instance)
     assert len(again.run_requests) == 4
     assert {r.run_key for r in again.run_requests}.isdisjoint({r.run_key for r in first.run_requests})
+    # The reference files are part of every partition's landing_files version: all four are observed anew.
+    versions = [{e.partition: e.tags["dagster/data_version"] for e in t.asset_events} for t in (first, again)]
+    assert sorted(versions[0]) == sorted(versions[1]) == sorted(r.partition_key for r in again.run_requests)
+    assert all(versions[0][k] != versions[1][k] for k in versions[0])
 
 
 # ---- the outbox sensor -------------------------------------------------------------------------
