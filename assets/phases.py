@@ -21,16 +21,22 @@ class Phase:
     code_version: str
     reads: tuple[str, ...]  # earlier phases whose tables (at pinned versions) this phase reads
     tables: tuple[str, ...]  # tables this phase writes
+    inputs: tuple[str, ...] = ()  # tables of earlier phases it reads (the only ones PhaseIO lets it read)
 
 
 INGEST = Phase("ingest", "ingested_batch", 1, "ingested", 1, "1",
                (), ("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"))
-ENRICH = Phase("enrich", "enriched_outages", 2, "enriched", 1, "1", ("ingest",), ("outages_enriched",))
+ENRICH = Phase("enrich", "enriched_outages", 2, "enriched", 1, "1", ("ingest",), ("outages_enriched",),
+               ("outages_raw", "weather_raw", "customers_ref", "terrain_ref"))
 CORRELATE = Phase("correlate", "storm_correlation", 3, "correlated", 1, "1",
-                  ("ingest", "enrich"), ("cell_hour_stats", "cell_risk", "storm_clusters"))
+                  ("ingest", "enrich"), ("cell_hour_stats", "cell_risk", "storm_clusters"),
+                  ("outages_enriched", "weather_raw", "customers_ref", "terrain_ref"))
 PRESENT = Phase("present", "operational_picture", 4, "published", 1, "1",
-                ("ingest", "enrich", "correlate"), ("region_day_summary",))
+                ("ingest", "enrich", "correlate"), ("region_day_summary",),
+                ("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"))
 
 PHASES: tuple[Phase, ...] = (INGEST, ENRICH, CORRELATE, PRESENT)
+# The last phase reading each table: after it has read a partition, this process needs it no more.
+LAST_READER = {table: phase.name for phase in PHASES for table in phase.inputs}
 BY_NAME = {p.name: p for p in PHASES}
 TIER_LABELS = {0: "not_started", **{p.tier: p.tier_label for p in PHASES}}

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from assets.phases import Phase
+from assets.phases import LAST_READER, Phase
 from assets.schemas import PARTITION_COLUMNS, TABLES
 from resources import faults
 from resources.errors import GraderError, LedgerUnavailable, StormlakeError
@@ -43,6 +43,10 @@ def _notify(phase: str, key: str, status: str, delivered: tuple[str, ...] = ()) 
 
 class UpstreamNotReady(StormlakeError):
     """An earlier phase of the partition has no COMPLETED checkpoint yet."""
+
+
+class UndeclaredRead(StormlakeError):
+    """A phase read a table its :class:`Phase` does not declare among its inputs (a code error)."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +153,16 @@ class PhaseIO:
 
     def read_arrow(self, table: str) -> pa.Table:
         """Read this partition of ``table`` at the version its producer's checkpoint pinned."""
+        if table not in self.phase.inputs:
+            raise UndeclaredRead(f"{self.phase.name} reads {table}, which is not among its declared inputs"
+                                 f" ({', '.join(self.phase.inputs) or 'none'}; see assets/phases.py)")
         owner, _ = TABLES[table]
         cp = self.upstream.get(owner)
         if cp is None:
             raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
         version = cp.summary["delta_versions"][table]
         return self.runner.lake.read_partition(table, self.partition.region.region_id, self.partition.day,
-                                               version=version)
+                                               version=version, last_use=LAST_READER[table] == self.phase.name)
 
     def midpoint(self) -> None:
         """Called by a compute function halfway through its work (fault-injection point)."""
@@ -361,7 +368,8 @@ class PhaseRunner:
 
             def write(table: str = table, data: pa.Table = data) -> dict[str, Any]:
                 res = self.lake.overwrite_partition(table, part.region.region_id, part.day, data,
-                                                    seq=claim.seq, first_seq=claim.checkpoint.first_seq)
+                                                    seq=claim.seq, first_seq=claim.checkpoint.first_seq,
+                                                    keep=table in LAST_READER)
                 return {"version": res.version, "written": res.written, "rows": res.rows}
 
             res = io.call("delta_commit", table, {"partition": part.key, "content": hashes[table]}, write)

@@ -659,7 +659,8 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
             lines.append(f"{name:<10}{fig['wall_s']:>10.2f}{fig['rows_per_s']:>14,.0f}{fig['peak_rss_mb']:>14.0f}"
                          + (f"  {each}" if len(samples.get(name, [])) > 1 else ""))
     if cfg.get("repeat", 1) > 1:
-        lines.append(f"(bare and pipeline alternated {cfg['repeat']} times, resume repeated; each run's figures "
+        also = ", resume repeated" if "resume" in out["runs"] else ""
+        lines.append(f"(bare and pipeline alternated {cfg['repeat']} times{also}; each run's figures "
                      "are its fastest sample)")
     bare_ph = results.get("bare", {}).get("phases") or {}
     pipe_ph = extra.get("pipeline_phases") or {}

@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
@@ -96,22 +97,38 @@ class Lake:
             raise LakeError(f"cannot open Delta table {table} at version {version}: {exc}") from exc
 
     def read_partition(self, table: str, region_id: str, day: str, *, version: int,
-                       columns: list[str] | None = None) -> pa.Table:
+                       columns: list[str] | None = None, last_use: bool = False) -> pa.Table:
         """Read one partition at a pinned table version (never "latest").
 
-        Scans single-threaded: a threaded pyarrow scan of a Delta table has been seen to abort
-        the interpreter at exit with deltalake 1.6 and pyarrow 26.
+        On a local lake the partition's files at that version (from the Delta log) are read by
+        pyarrow's own Parquet reader, with its threads, and the partition columns are added
+        back as the constants they are. Elsewhere, or when the table uses a reader feature this
+        does not handle (deletion vectors, column mapping), the deltalake dataset is scanned,
+        single-threaded: a threaded scan through deltalake's filesystem handler has been seen
+        to abort the interpreter at exit with deltalake 1.6 and pyarrow 26.
+
+        ``last_use``: no later reader in this process needs the partition, so it leaves the
+        process cache (memory handed back for the next allocations instead of fresh pages).
         """
         key = (self.uri(table), region_id, day, version)
-        cached = _CACHE.get(key)
+        cached = _CACHE.pop(key, None) if last_use else _CACHE.get(key)
         if cached is not None:
-            _CACHE.move_to_end(key)
+            if last_use:
+                _CACHE_BYTES[0] -= cached.nbytes
+            else:
+                _CACHE.move_to_end(key)
             return cached if columns is None else cached.select(columns)
         dt = self.table(table, version)
-        ds = dt.to_pyarrow_dataset()
-        flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
-        out = ds.to_table(filter=flt, use_threads=False).cast(self.schemas[table])
-        _remember(key, out)
+        schema = self.schemas[table]
+        if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
+            files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
+            parts = [_with_partition(pq.ParquetFile(f).read(use_threads=True), region_id, day) for f in files]
+            out = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts]) if parts else schema.empty_table()
+        else:
+            flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
+            out = dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
+        if not last_use:
+            _remember(key, out)
         return out if columns is None else out.select(columns)
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500) -> int | None:
@@ -123,13 +140,14 @@ class Lake:
         return None
 
     def overwrite_partition(self, table: str, region_id: str, day: str, data: pa.Table, *,
-                            seq: int, first_seq: int) -> WriteResult:
+                            seq: int, first_seq: int, keep: bool = True) -> WriteResult:
         """Replace one partition, unless an attempt of the same checkpoint already did.
 
         Args:
             seq: the attempt's fencing token, written as the app transaction version.
             first_seq: the seq of the checkpoint's first attempt; any app transaction version at
                 or above it was written by an attempt of this same (partition, phase, input hash).
+            keep: keep the written partition in the process cache for a later reader.
         """
         self.ensure_table(table)
         app = app_id(table, region_id, day)
@@ -174,7 +192,8 @@ class Lake:
                 version = self.committed_version(table, app, seq)
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
-            _remember((self.uri(table), region_id, day, version), data)
+            if keep:
+                _remember((self.uri(table), region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
@@ -183,6 +202,18 @@ class Lake:
         if not DeltaTable.is_deltatable(uri):
             return None
         return self.table(table).version()
+
+
+# Reader features under which a data file alone does not give the rows (or their names).
+_UNHANDLED_READER_FEATURES = {"deletionVectors", "columnMapping"}
+
+
+def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:
+    """A data file's rows with the partition columns, which Delta keeps in the log, not the file."""
+    for name, value in (("region_id", region_id), ("day", day)):
+        if name not in data.column_names:
+            data = data.append_column(name, pa.array([value] * data.num_rows, pa.string()))
+    return data
 
 
 def _remember(key: tuple[str, str, str, int], data: pa.Table) -> None:

@@ -1,0 +1,110 @@
+"""The lake's pinned reads and crash-safe overwrites, on real Delta tables (no Dagster, no ledger)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from assets.schemas import PARTITION_COLUMNS, TABLES
+from resources import lake as lake_mod
+from resources.lake import Lake
+
+SCHEMA = TABLES["weather_raw"][1]
+
+
+def _rows(region: str, day: str, n: int, base: float) -> pa.Table:
+    return pa.table({
+        "station_id": [f"S{i:03d}" for i in range(n)],
+        "observed_at": pa.array([1_788_220_800_000_000 + i * 3_600_000_000 for i in range(n)],
+                                pa.timestamp("us", tz="UTC")),
+        "lat": [30.0 + i / 100 for i in range(n)],
+        "lon": [-90.0 - i / 100 for i in range(n)],
+        "wind_gust_ms": [base + i for i in range(n)],
+        "rain_mm": [0.5 * i for i in range(n)],
+        "pressure_hpa": [1000.0 - i for i in range(n)],
+        "source_line": list(range(2, n + 2)),
+        "region_id": [region] * n,
+        "day": [day] * n,
+    }).select(SCHEMA.names).cast(SCHEMA)
+
+
+def _scan(lk: Lake, version: int, region: str, day: str) -> pa.Table:
+    """The reference read: deltalake's own dataset at that version, filtered to the partition."""
+    ds = lk.table("weather_raw", version).to_pyarrow_dataset()
+    flt = (pads.field("region_id") == region) & (pads.field("day") == day)
+    return ds.to_table(filter=flt, use_threads=False).cast(SCHEMA)
+
+
+@pytest.fixture()
+def lk(tmp_path: Path) -> Lake:
+    lake_mod._CACHE.clear()
+    lake_mod._CACHE_BYTES[0] = 0
+    return Lake(str(tmp_path / "lake"), {t: s for t, (_, s) in TABLES.items()}, partition_by=PARTITION_COLUMNS)
+
+
+def test_pinned_reads_from_the_files_equal_deltas_own_scan(lk: Lake) -> None:
+    a1 = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 50, 10.0),
+                                seq=1, first_seq=1)
+    lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 30, 20.0),
+                           seq=2, first_seq=2)
+    a2 = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 40, 30.0),
+                                seq=3, first_seq=3)
+    assert a1.written and a2.written and a2.version > a1.version
+    lake_mod._CACHE.clear()  # read from the files, not from what this process wrote
+    lake_mod._CACHE_BYTES[0] = 0
+
+    old = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=a1.version)
+    new = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=a2.version)
+    other = lk.read_partition("weather_raw", "pine_belt", "2026-09-01", version=a2.version)
+    assert old.equals(_scan(lk, a1.version, "gulf_coast", "2026-09-01"))
+    assert new.equals(_scan(lk, a2.version, "gulf_coast", "2026-09-01"))
+    assert other.equals(_scan(lk, a2.version, "pine_belt", "2026-09-01"))
+    # The overwrite replaced the partition at the later version; the pinned earlier one is intact.
+    assert old.num_rows == 50 and new.num_rows == 40 and other.num_rows == 30
+    assert old.column("wind_gust_ms")[0].as_py() == 10.0 and new.column("wind_gust_ms")[0].as_py() == 30.0
+    assert old.schema == SCHEMA and set(old.column("region_id").to_pylist()) == {"gulf_coast"}
+    # A partition with no rows at that version reads as an empty table of the schema.
+    empty = lk.read_partition("weather_raw", "tidewater", "2026-09-01", version=a2.version)
+    assert empty.num_rows == 0 and empty.schema == SCHEMA
+
+
+def test_a_repeated_attempt_of_the_same_checkpoint_is_recognised(lk: Lake) -> None:
+    data = _rows("gulf_coast", "2026-09-01", 10, 5.0)
+    first = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=7, first_seq=7)
+    # A later attempt (seq 9) of the same checkpoint (first_seq 7) finds the earlier commit.
+    again = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=9, first_seq=7)
+    assert first.written and not again.written and again.version == first.version
+    assert lk.latest_version("weather_raw") == first.version
+
+
+def test_the_process_cache_keeps_a_partition_until_its_last_reader(lk: Lake) -> None:
+    data = _rows("gulf_coast", "2026-09-01", 10, 5.0)
+    kept = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=1, first_seq=1)
+    key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", kept.version)
+    assert key in lake_mod._CACHE
+    first = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version)
+    assert first is lake_mod._CACHE[key]  # served from memory, still there for a later reader
+    last = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version, last_use=True)
+    assert last is first and key not in lake_mod._CACHE and lake_mod._CACHE_BYTES[0] == 0
+    # A table no later phase reads is not kept; a last read from the files is not kept either.
+    other = lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 5, 1.0),
+                                   seq=2, first_seq=2, keep=False)
+    assert not lake_mod._CACHE
+    again = lk.read_partition("weather_raw", "pine_belt", "2026-09-01", version=other.version, last_use=True)
+    assert again.num_rows == 5 and not lake_mod._CACHE
+
+
+def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
+    from assets.phases import LAST_READER, PHASES
+
+    order = {p.name: i for i, p in enumerate(PHASES)}
+    for phase in PHASES:
+        for table in phase.inputs:
+            owner = TABLES[table][0]
+            assert order[owner] < order[phase.name] and owner in phase.reads, (phase.name, table)
+    assert LAST_READER == {"outages_raw": "enrich", "weather_raw": "correlate", "terrain_ref": "correlate",
+                           "customers_ref": "present", "outages_enriched": "present",
+                           "cell_hour_stats": "present", "cell_risk": "present", "storm_clusters": "present"}
