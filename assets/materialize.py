@@ -103,9 +103,10 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
     try:
         runner = build_runner(context, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
         regions = runner.regions
-        for key in keys:
-            day, region_id = split_key(key)
-            part = PartitionRef.parse(f"{day}|{region_id}", regions)
+        parts = [PartitionRef.parse("{}|{}".format(*split_key(key)), regions) for key in keys]
+        for i, (key, part) in enumerate(zip(keys, parts, strict=True)):
+            if i + 1 < len(parts):
+                runner.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
             try:
                 outcomes.append(runner.run(phase, part, compute, grader))
             except StormlakeError as exc:

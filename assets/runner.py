@@ -251,6 +251,30 @@ class PhaseRunner:
                                       for t in self.targets)
         return _hash_json(basis), basis
 
+    def prefetch(self, phase: Phase, part: PartitionRef) -> None:
+        """Start reading the partition's inputs for ``phase`` in the background, if it has work.
+
+        Called by a range step for the next partition while it computes the current one. Only
+        when every upstream phase is COMPLETED and this phase would not skip; any doubt (the
+        ledger unreachable) just means no prefetch: the phase reads as usual.
+        """
+        if not phase.inputs:
+            return
+        try:
+            heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
+            ups = {name: heads[name] for name in phase.reads if name in heads}
+            if any(ups.get(name) is None or ups[name].status != "COMPLETED" for name in phase.reads):
+                return
+            own = heads.get(phase.name)
+            if (own is not None and own.status == "COMPLETED" and own.schema_version == phase.schema_version
+                    and own.input_hash == self.input_hash(phase, part, ups)[0]):
+                return  # it will skip: nothing to read
+        except StormlakeError:
+            return
+        for table in phase.inputs:
+            version = ups[TABLES[table][0]].summary["delta_versions"][table]
+            self.lake.prefetch(table, part.region.region_id, part.day, version=version)
+
     # ---- the protocol ------------------------------------------------------------------
     def leading_skips(self, part: PartitionRef) -> int:
         """How many phases, from the first, would skip for the partition as it stands.

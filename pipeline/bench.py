@@ -31,7 +31,7 @@ claim (``decide(claim=True)``), record the phase's calls, then ``complete()`` ch
 distinct partitions, :data:`COMMIT_ITERATIONS` times each; the latency of ``complete()`` (the
 checkpoint commit transaction) gives p50 and p99. Same server as (b), its own database.
 
-``--repeat N`` (default 2): (a) and (b) alternate N times (bare, pipeline, bare, pipeline, ...),
+``--repeat N`` (default 3): (a) and (b) alternate N times (bare, pipeline, bare, pipeline, ...),
 each time on a fresh lake, home and database, and (d) is repeated N times; each run's figures
 are those of its fastest sample (as ``timeit`` reports the best of its repeats: on a shared
 machine the slower samples measure the neighbours), and every sample's wall time is listed

@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--rows-per-partition", type=int, default=200_000)
     be.add_argument("--seed", type=int, default=11)
     be.add_argument("--skip", default="", help="comma-separated measurements to leave out")
-    be.add_argument("--repeat", type=int, default=2,
+    be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)
 

@@ -11,8 +11,10 @@ app transaction versions, so this check is ours to make.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,16 @@ _CREATED: set[str] = set()
 _CACHE: OrderedDict[tuple[str, str, str, int], pa.Table] = OrderedDict()
 _CACHE_BYTES = [0]
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
+# Reads started ahead of need (Lake.prefetch), by the same key; one background reader per process.
+_INFLIGHT: dict[tuple[str, str, str, int], Future[None]] = {}
+_LOCK = threading.Lock()
+_PREFETCHER: list[ThreadPoolExecutor] = []
+
+
+def _prefetcher() -> ThreadPoolExecutor:
+    if not _PREFETCHER:
+        _PREFETCHER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-prefetch"))
+    return _PREFETCHER[0]
 
 
 @dataclass(frozen=True)
@@ -111,25 +123,52 @@ class Lake:
         process cache (memory handed back for the next allocations instead of fresh pages).
         """
         key = (self.uri(table), region_id, day, version)
-        cached = _CACHE.pop(key, None) if last_use else _CACHE.get(key)
+        with _LOCK:
+            pending = _INFLIGHT.get(key)
+        if pending is not None:
+            pending.exception()  # wait for the prefetch; if it failed, the read below says why
+        with _LOCK:
+            cached = _take(key, last_use)
         if cached is not None:
-            if last_use:
-                _CACHE_BYTES[0] -= cached.nbytes
-            else:
-                _CACHE.move_to_end(key)
             return cached if columns is None else cached.select(columns)
+        out = self._scan(table, region_id, day, version)
+        if not last_use:
+            with _LOCK:
+                _remember(key, out)
+        return out if columns is None else out.select(columns)
+
+    def prefetch(self, table: str, region_id: str, day: str, *, version: int) -> None:
+        """Start reading a pinned partition in the background for a later :meth:`read_partition`.
+
+        A range run computes one partition while the next one's inputs are read (Parquet
+        decoding and the Delta log replay release the GIL). Does nothing when the partition is
+        in memory already or being read.
+        """
+        key = (self.uri(table), region_id, day, version)
+        with _LOCK:
+            if key in _CACHE or key in _INFLIGHT:
+                return
+            _INFLIGHT[key] = _prefetcher().submit(self._prefetched, key, table, region_id, day, version)
+
+    def _prefetched(self, key: tuple[str, str, str, int], table: str, region_id: str, day: str,
+                    version: int) -> None:
+        try:
+            out = self._scan(table, region_id, day, version)
+            with _LOCK:
+                _remember(key, out)
+        finally:
+            with _LOCK:
+                _INFLIGHT.pop(key, None)
+
+    def _scan(self, table: str, region_id: str, day: str, version: int) -> pa.Table:
         dt = self.table(table, version)
         schema = self.schemas[table]
         if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
             files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
             parts = [_with_partition(pq.ParquetFile(f).read(use_threads=True), region_id, day) for f in files]
-            out = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts]) if parts else schema.empty_table()
-        else:
-            flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
-            out = dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
-        if not last_use:
-            _remember(key, out)
-        return out if columns is None else out.select(columns)
+            return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts]) if parts else schema.empty_table()
+        flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
+        return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500) -> int | None:
         """The table version whose commit carries app transaction ``(app, seq)``, if any."""
@@ -193,7 +232,8 @@ class Lake:
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
             if keep:
-                _remember((self.uri(table), region_id, day, version), data)
+                with _LOCK:
+                    _remember((self.uri(table), region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
@@ -216,8 +256,24 @@ def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:
     return data
 
 
+def _take(key: tuple[str, str, str, int], last_use: bool) -> pa.Table | None:
+    """The cached partition (removed when this is its last use); call with ``_LOCK`` held."""
+    if last_use:
+        cached = _CACHE.pop(key, None)
+        if cached is not None:
+            _CACHE_BYTES[0] -= cached.nbytes
+        return cached
+    cached = _CACHE.get(key)
+    if cached is not None:
+        _CACHE.move_to_end(key)
+    return cached
+
+
 def _remember(key: tuple[str, str, str, int], data: pa.Table) -> None:
-    """Keep a partition in the process cache, evicting the least recently used over budget."""
+    """Keep a partition in the process cache, evicting the least recently used over budget.
+
+    Call with ``_LOCK`` held.
+    """
     old = _CACHE.pop(key, None)
     if old is not None:
         _CACHE_BYTES[0] -= old.nbytes

@@ -108,3 +108,22 @@ def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
     assert LAST_READER == {"outages_raw": "enrich", "weather_raw": "correlate", "terrain_ref": "correlate",
                            "customers_ref": "present", "outages_enriched": "present",
                            "cell_hour_stats": "present", "cell_risk": "present", "storm_clusters": "present"}
+
+
+def test_a_prefetched_partition_is_read_once_in_the_background(lk: Lake) -> None:
+    w = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 20, 2.0),
+                               seq=1, first_seq=1, keep=False)
+    assert not lake_mod._CACHE
+    lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version)
+    lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version)  # already in flight: nothing more
+    assert len(lake_mod._INFLIGHT) <= 1
+    got = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=w.version)  # waits for it
+    assert got.equals(_scan(lk, w.version, "gulf_coast", "2026-09-01"))
+    assert not lake_mod._INFLIGHT
+    key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", w.version)
+    assert lake_mod._CACHE[key] is got
+    # A prefetch of a version that does not exist fails in the background; the read says why.
+    lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
+    with pytest.raises(lake_mod.LakeError, match="version"):
+        lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
+    assert not lake_mod._INFLIGHT
