@@ -134,6 +134,11 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         yield dg.MaterializeResult(metadata=outcome_metadata(outcome),
                                    data_version=dg.DataVersion(outcome.state_hash))
     else:
+        # A key range: each partition's materialization carries its own outcome (status, hashes,
+        # versions, rows, deliveries). Dagster takes one data version per step, so a range's
+        # partitions get Dagster's own (code and input versions); the state hash is in the metadata.
+        for key, outcome in zip(keys, outcomes, strict=True):
+            context.add_asset_metadata(outcome_metadata(outcome), partition_key=key)
         yield dg.MaterializeResult(metadata={
             "partitions": len(outcomes),
             "completed": sum(o.status == "COMPLETED" for o in outcomes),

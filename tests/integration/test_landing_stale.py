@@ -209,6 +209,13 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
     assert sorted((o.partition, o.tags[DATA_VERSION_TAG]) for o in logged) == sorted((k, _version(k)) for k in keys)
     for key in keys:
         assert _status(instance, key)[INGEST.asset] == "FRESH", key
+    # Each partition's materialization of the range carries its own outcome.
+    mats = {m.partition: m.metadata for m in (e.step_materialization_data.materialization
+                                              for e in result.all_events if e.is_step_materialization)}
+    assert set(mats) == set(keys)
+    assert mats[KEY]["status"].value == "COMPLETED" and mats[OTHER]["status"].value == "COMPLETED"
+    assert mats[KEY]["attempt"].value == 1 and mats[KEY]["seq"].value != mats[OTHER]["seq"].value
+    assert mats[KEY]["state_hash"].value != mats[OTHER]["state_hash"].value
     # Observing now finds nothing new for them: the step's observations stand.
     counts = {k: len(_observations(instance, k)) for k in keys}
     assert counts == {KEY: 2, OTHER: 1}
