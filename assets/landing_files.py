@@ -20,13 +20,12 @@ observation: an equal one changes nothing in the stale view and would only add e
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
-from assets.partitions import PARTITIONS, split_key
+from assets.partitions import PARTITIONS, landing_keys, split_key
 from resources.landing import PARTITION_FILES, Landing, LandingResource
 
 LANDING_FILES = "landing_files"
@@ -43,25 +42,14 @@ def landing_version(landing: Landing, region_id: str, day: str) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def keys_with_files(landing: Landing, partitions_def: dg.MultiPartitionsDefinition = PARTITIONS, *,
-                    today: str | None = None) -> list[str]:
-    """Partition keys whose folder holds at least one of the partition's files, in (day, region) order.
-
-    Folders that are not partitions (unknown region, before the first day, a day not over yet) are left out.
-    """
-    day_def = partitions_def.get_partitions_def_for_dimension("day")
-    assert isinstance(day_def, dg.DailyPartitionsDefinition)
-    first = day_def.start.date().isoformat()
-    today = today or dt.datetime.now(dt.UTC).date().isoformat()
-    regions = set(partitions_def.get_partitions_def_for_dimension("region").get_partition_keys())
-    keys = []
-    for day, region in landing.partitions():
-        if region not in regions or day < first or day >= today:
-            continue
-        folder = landing.partition_dir(region, day)
-        if any((folder / name).exists() for name in PARTITION_FILES):
-            keys.append(f"{day}|{region}")
-    return keys
+def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
+    """Partition keys whose folder holds at least one of the partition's files, in (day, region) order."""
+    with_files = []
+    for key in landing_keys(landing, today=today)[0]:
+        day, region = split_key(key)
+        if any((landing.partition_dir(region, day) / name).exists() for name in PARTITION_FILES):
+            with_files.append(key)
+    return with_files
 
 
 def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[str, str]:

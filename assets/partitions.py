@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from resources.settings import Region, load_regions, load_settings
+
+if TYPE_CHECKING:
+    from resources.landing import Landing
 
 
 def regions() -> list[Region]:
@@ -35,3 +41,29 @@ def split_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
 
 
 PARTITIONS = storm_partitions()
+
+
+def day_dimension() -> dg.DailyPartitionsDefinition:
+    day_def = PARTITIONS.get_partitions_def_for_dimension("day")
+    assert isinstance(day_def, dg.DailyPartitionsDefinition)
+    return day_def
+
+
+def region_ids() -> list[str]:
+    return list(PARTITIONS.get_partitions_def_for_dimension("region").get_partition_keys())
+
+
+def first_day() -> str:
+    return day_dimension().start.date().isoformat()
+
+
+def landing_keys(landing: Landing, *, today: str | None = None) -> tuple[list[str], list[str]]:
+    """``(keys, ignored)``: the landing zone's folders that are partitions, in (day, region) order,
+    and those that are not (unknown region, before the first day, a day not over yet)."""
+    today = today or dt.datetime.now(dt.UTC).date().isoformat()
+    known, first = set(region_ids()), first_day()
+    keys: list[str] = []
+    ignored: list[str] = []
+    for day, region in landing.partitions():
+        (keys if region in known and first <= day < today else ignored).append(f"{day}|{region}")
+    return keys, ignored

@@ -251,6 +251,15 @@ class PhaseRunner:
                                       for t in self.targets)
         return _hash_json(basis), basis
 
+    def _would_skip(self, phase: Phase, part: PartitionRef, heads: dict[str, Checkpoint]) -> bool:
+        """Whether ``phase`` would skip given the partition's head checkpoints (as :meth:`run` decides)."""
+        cp = heads.get(phase.name)
+        if cp is None or cp.status != "COMPLETED" or cp.schema_version != phase.schema_version:
+            return False
+        if any(name not in heads for name in phase.reads):
+            return False
+        return self.input_hash(phase, part, {name: heads[name] for name in phase.reads})[0] == cp.input_hash
+
     def prefetch(self, phase: Phase, part: PartitionRef) -> None:
         """Start reading the partition's inputs for ``phase`` in the background, if it has work.
 
@@ -262,57 +271,47 @@ class PhaseRunner:
             return
         try:
             heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
-            ups = {name: heads[name] for name in phase.reads if name in heads}
-            if any(ups.get(name) is None or ups[name].status != "COMPLETED" for name in phase.reads):
+            if (any(name not in heads or heads[name].status != "COMPLETED" for name in phase.reads)
+                    or self._would_skip(phase, part, heads)):
                 return
-            own = heads.get(phase.name)
-            if (own is not None and own.status == "COMPLETED" and own.schema_version == phase.schema_version
-                    and own.input_hash == self.input_hash(phase, part, ups)[0]):
-                return  # it will skip: nothing to read
         except StormlakeError:
             return
         for table in phase.inputs:
-            version = ups[TABLES[table][0]].summary["delta_versions"][table]
+            version = heads[TABLES[table][0]].summary["delta_versions"][table]
             self.lake.prefetch(table, part.region.region_id, part.day, version=version)
 
     # ---- the protocol ------------------------------------------------------------------
-    def leading_skips(self, part: PartitionRef) -> int:
-        """How many phases, from the first, would skip for the partition as it stands.
+    def current_heads(self, part: PartitionRef) -> list[Checkpoint]:
+        """The head checkpoints of the phases, from the first, that would skip as the partition stands.
 
         Uses the same input hashes as :meth:`run`, so it never disagrees with what a run would
-        decide. A caller (the CLI, the sensors) launches no run when all of them would skip,
+        decide. A caller (the CLI, the sensors) launches no run when every phase would skip,
         and leaves the leading ones out of the run it launches (a resumed partition runs from
         the phase that did not finish, not through steps that can only skip).
         """
         from assets.phases import PHASES
 
         heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
-        for n, phase in enumerate(PHASES):
-            cp = heads.get(phase.name)
-            if cp is None or cp.status != "COMPLETED" or cp.schema_version != phase.schema_version:
-                return n
-            ih, _ = self.input_hash(phase, part, {name: heads[name] for name in phase.reads})
-            if ih != cp.input_hash:
-                return n
-        return len(PHASES)
+        current: list[Checkpoint] = []
+        for phase in PHASES:
+            if not self._would_skip(phase, part, heads):
+                break
+            current.append(heads[phase.name])
+        return current
 
-    def record_skips(self, part: PartitionRef, count: int) -> None:
-        """Record a skip for each of the first ``count`` phases (found current by a preflight)."""
-        from assets.phases import PHASES
-
-        if count <= 0:
-            return
-        heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
-        for phase in PHASES[:count]:
-            self.ledger.record_skip(heads[phase.name], self.run_id)
+    def record_skips(self, heads: Iterable[Checkpoint]) -> None:
+        """Record a skip for each of these head checkpoints (found current by a preflight)."""
+        for cp in heads:
+            self.ledger.record_skip(cp, self.run_id)
 
     def preflight(self, part: PartitionRef) -> bool:
         """Whether every phase of the partition would skip; if so, record the skips."""
         from assets.phases import PHASES
 
-        if self.leading_skips(part) < len(PHASES):
+        current = self.current_heads(part)
+        if len(current) < len(PHASES):
             return False
-        self.record_skips(part, len(PHASES))
+        self.record_skips(current)
         return True
 
     def run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None = None) -> Outcome:

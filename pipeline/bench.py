@@ -522,7 +522,7 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
     repeat = args.repeat
     dbs = Databases(settings.pg_dsn, settings.pgdata)
     try:
-        best_pipeline: tuple[dict[str, Any], Path, dict[str, Any], str] | None = None
+        best_pipeline: tuple[Path, dict[str, Any], str] | None = None  # home, spec, ledger DSN of results["pipeline"]
         for r in range(1, repeat + 1):
             of = f" ({r}/{repeat})" if repeat > 1 else ""
             _say(f"(a) bare{of}: transforms + Delta writes, no Dagster, no ledger")
@@ -539,16 +539,16 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
             pipe = run_child(f"pipeline-{r}", spec, _child_env(home, landing, ledger_dsn), work)
             _report_stage("pipeline", pipe)
             samples["pipeline"].append(pipe.get("wall_s") if pipe.get("ok") else None)
-            if best_pipeline is None or _faster(best_pipeline[0], pipe) is pipe:
+            if _faster(results.get("pipeline"), pipe) is pipe:
                 if best_pipeline is not None:
-                    shutil.rmtree(best_pipeline[1], ignore_errors=True)
-                best_pipeline = (pipe, home, spec, ledger_dsn)
+                    shutil.rmtree(best_pipeline[0], ignore_errors=True)
+                best_pipeline = (home, spec, ledger_dsn)
                 results["pipeline"] = pipe
                 extra["pipeline_phases"] = phase_seconds(ledger_dsn)
             else:
                 shutil.rmtree(home, ignore_errors=True)
         assert best_pipeline is not None
-        _, home, spec, ledger_dsn = best_pipeline
+        home, spec, ledger_dsn = best_pipeline
         _say("(c) rerun: the same partitions again")
         results["rerun"] = run_child("rerun", spec, _child_env(home, landing, ledger_dsn), work)
         _report_stage("rerun", results["rerun"])

@@ -261,6 +261,7 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     from assets.runner import PartitionRef
     from pipeline.definitions import build_resources, defs
     from pipeline.jobs import STORM_JOB
+    from resources.ledger import Checkpoint
 
     job = defs.resolve_job_def(STORM_JOB)
     runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
@@ -285,13 +286,16 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
         if on_result:
             on_result(run)
 
-    def single(key: str) -> PartitionRun:
+    def single(key: str, current: list[Checkpoint] | None = None) -> PartitionRun:
+        """One run for one partition, from its first phase with work (``current``: its preflight)."""
         start = time.monotonic()
         if progress:
             progress.starting(key)
-        first = plan(key) if preflight else 0
+        if current is None:
+            current = runner.current_heads(PartitionRef.parse(key, runner.regions)) if preflight else []
+        runner.record_skips(current)
         try:
-            return run_partition(job, instance, key, tags=tags, first=first)
+            return run_partition(job, instance, key, tags=tags, first=len(current))
         except Exception as exc:  # Dagster's storage failing under the run
             if not _db_down(exc):
                 raise
@@ -300,24 +304,16 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
                                       "start it again, then re-run the same command to resume",
                                 error_class="LedgerUnavailable")
 
-    def plan(key: str) -> int:
-        """The partition's first phase to run; the skips of the phases before it are recorded."""
-        part = PartitionRef.parse(key, runner.regions)
-        n = runner.leading_skips(part)
-        runner.record_skips(part, n)
-        return n
-
     with instance:
         reap_dead_cli_runs(instance)
         todo: list[str] = []
-        first: dict[str, int] = {}
+        current: dict[str, list[Checkpoint]] = {}  # per key: heads of the leading phases that would skip
         for key in keys:
             start = time.monotonic()
-            part = PartitionRef.parse(key, runner.regions)
-            first[key] = runner.leading_skips(part) if preflight else 0
-            if first[key] == len(PHASES):
+            current[key] = runner.current_heads(PartitionRef.parse(key, runner.regions)) if preflight else []
+            if len(current[key]) == len(PHASES):
                 # Every phase is already done for these inputs: no run to launch.
-                runner.record_skips(part, len(PHASES))
+                runner.record_skips(current[key])
                 report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
                                     phases={p.name: "SKIPPED" for p in PHASES}))
             else:
@@ -326,15 +322,15 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
             if runs and runs[-1].ledger_down:
                 break  # every later partition would fail the same way
             if len(group) == 1:
-                report(single(group[0]))
+                report(single(group[0], current[group[0]]))
                 continue
             if progress:
                 progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
             # The range starts at the earliest phase any of its partitions needs; the phases
             # before it are current for all of them (their skips recorded here, not in a step).
-            start_at = min(first[k] for k in group)
+            start_at = min(len(current[k]) for k in group)
             for key in group:
-                runner.record_skips(PartitionRef.parse(key, runner.regions), start_at)
+                runner.record_skips(current[key][:start_at])
             try:
                 ranged = run_range(job, instance, group, tags=tags, on_done=report, first=start_at)
             except Exception as exc:

@@ -18,26 +18,12 @@ import datetime as dt
 
 import dagster as dg
 
-from assets.partitions import PARTITIONS
+from assets.partitions import first_day, region_ids
 from pipeline.jobs import observe_landing, storm_job
 
 OBSERVE_CRON = "*/15 * * * *"
 DAILY_CRON = "0 3 * * *"  # 03:00 UTC: late landing files of the previous day have had three hours
 LAUNCHED_BY = "stormlake/launched_by"
-
-
-def day_dimension() -> dg.DailyPartitionsDefinition:
-    day_def = PARTITIONS.get_partitions_def_for_dimension("day")
-    assert isinstance(day_def, dg.DailyPartitionsDefinition)
-    return day_def
-
-
-def region_ids() -> list[str]:
-    return list(PARTITIONS.get_partitions_def_for_dimension("region").get_partition_keys())
-
-
-def first_day() -> str:
-    return day_dimension().start.date().isoformat()
 
 
 def daily_requests(scheduled: dt.datetime) -> list[dg.RunRequest] | dg.SkipReason:

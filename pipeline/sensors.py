@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass
 import dagster as dg
 
 from assets.landing_files import changed_versions, observations
+from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES
 from pipeline.jobs import storm_job
-from pipeline.schedules import LAUNCHED_BY, first_day
+from pipeline.schedules import LAUNCHED_BY
 from resources.lake import LakeResource
 from resources.landing import Landing, LandingResource
 from resources.ledger import Event, Ledger, LedgerResource
@@ -76,17 +77,13 @@ class LandingScan:
     ignored: list[str]  # folders that are not partitions (unknown region, before the first day, today)
 
 
-def scan_landing(landing: Landing, known_regions: set[str], seen: dict[str, str], *, first: str,
-                 today: str) -> LandingScan:
+def scan_landing(landing: Landing, seen: dict[str, str], *, today: str) -> LandingScan:
     fingerprints: dict[str, str] = {}
     changed: list[str] = []
     waiting: list[str] = []
-    ignored: list[str] = []
-    for day, region in landing.partitions():
-        key = f"{day}|{region}"
-        if region not in known_regions or day < first or day >= today:
-            ignored.append(key)
-            continue
+    keys, ignored = landing_keys(landing, today=today)
+    for key in keys:
+        day, region = split_key(key)
         fp = landing_fingerprint(landing, region, day)
         if fp is None:
             waiting.append(key)
@@ -122,8 +119,8 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
 
     seen = _load_map(context.cursor)
     regions = landing.regions()
-    today = dt.datetime.now(dt.UTC).date().isoformat()
-    scan = scan_landing(landing.get(), set(regions), seen, first=first_day(), today=today)
+    zone = landing.get()
+    scan = scan_landing(zone, seen, today=dt.datetime.now(dt.UTC).date().isoformat())
     runner = None
     requests: list[dg.RunRequest] = []
     unchanged: list[str] = []
@@ -139,7 +136,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
             tags={LAUNCHED_BY: "landing_sensor", "stormlake/landing_fingerprint": scan.fingerprints[key]},
         ))
     # Observations of landing_files where the content changed (changed and waiting partitions).
-    observed = changed_versions(context.instance, landing.get(), [*scan.changed, *scan.waiting])
+    observed = changed_versions(context.instance, zone, [*scan.changed, *scan.waiting])
     if observed:
         context.log.info(f"observed new landing file contents of {len(observed)} partition(s): "
                          f"{', '.join(list(observed)[:10])}")

@@ -109,7 +109,7 @@ class Lake:
             raise LakeError(f"cannot open Delta table {table} at version {version}: {exc}") from exc
 
     def read_partition(self, table: str, region_id: str, day: str, *, version: int,
-                       columns: list[str] | None = None, last_use: bool = False) -> pa.Table:
+                       last_use: bool = False) -> pa.Table:
         """Read one partition at a pinned table version (never "latest").
 
         On a local lake the partition's files at that version (from the Delta log) are read by
@@ -130,12 +130,12 @@ class Lake:
         with _LOCK:
             cached = _take(key, last_use)
         if cached is not None:
-            return cached if columns is None else cached.select(columns)
+            return cached
         out = self._scan(table, region_id, day, version)
         if not last_use:
             with _LOCK:
                 _remember(key, out)
-        return out if columns is None else out.select(columns)
+        return out
 
     def prefetch(self, table: str, region_id: str, day: str, *, version: int) -> None:
         """Start reading a pinned partition in the background for a later :meth:`read_partition`.

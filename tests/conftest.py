@@ -68,13 +68,10 @@ def ledger(pg_dsn: str):
 @pytest.fixture(scope="session")
 def sample_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small generated scenario (2 regions x 2 days, 3,000 outage rows each), made once."""
-    from pipeline.generate import generate_scenario
-    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+    from tests.consumer import generated_landing
 
-    root = tmp_path_factory.mktemp("sample") / "landing"
-    generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:2], days=2, start="2026-09-01",
-                      rows_per_partition=3000, seed=7)
-    return root
+    return generated_landing(tmp_path_factory.mktemp("sample") / "landing", regions=2, rows_per_partition=3000,
+                             seed=7)
 
 
 @pytest.fixture

@@ -54,6 +54,17 @@ CONTENT_TYPES = {
 }
 
 Answer = int | str  # an HTTP status, or "hang"
+PHASE_NAMES = ("ingest", "enrich", "correlate", "present")  # assets.phases.PHASES, in order
+
+
+def generated_landing(root: Path, *, regions: int, rows_per_partition: int, seed: int, days: int = 2) -> Path:
+    """A generated scenario in ``root``: the first ``regions`` regions over ``days`` days from 2026-09-01."""
+    from pipeline.generate import generate_scenario
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:regions], days=days, start="2026-09-01",
+                      rows_per_partition=rows_per_partition, seed=seed)
+    return root
 
 
 # ---- the consumer ----------------------------------------------------------------------------

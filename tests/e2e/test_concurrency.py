@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.consumer import (
+    PHASE_NAMES,
     Consumer,
     check_consumer,
     check_ledger_clean,
+    generated_landing,
     kill_group,
     make_home,
     sql_rows,
@@ -20,7 +22,6 @@ from tests.consumer import (
 
 pytestmark = pytest.mark.e2e
 
-PHASES = ("ingest", "enrich", "correlate", "present")
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont")
 DAYS = ("2026-09-01", "2026-09-02")
 EIGHT = [f"{d}|{r}" for d in DAYS for r in REGIONS]
@@ -30,13 +31,8 @@ ARGS = ("backfill", "--regions", ",".join(REGIONS), "--days", "2026-09-01..2026-
 @pytest.fixture(scope="module")
 def eight_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 regions x 2 days x 1,500 outage rows."""
-    from pipeline.generate import generate_scenario
-    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
-
-    root = tmp_path_factory.mktemp("eight") / "landing"
-    generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:4], days=2, start="2026-09-01",
-                      rows_per_partition=1500, seed=11)
-    return root
+    return generated_landing(tmp_path_factory.mktemp("eight") / "landing", regions=4, rows_per_partition=1500,
+                             seed=11)
 
 
 def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str, eight_landing: Path,
@@ -58,13 +54,13 @@ def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str,
         assert sorted(final) == sorted(EIGHT)
         for key in EIGHT:
             assert final[key]["tier"] == 4, final[key]
-            for phase in PHASES:
+            for phase in PHASE_NAMES:
                 cp = final[key]["phases"][phase]
                 assert cp["status"] == "COMPLETED" and cp["attempts"] == 1, (key, phase, cp)
         rows = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
                                 " WHERE status = 'COMPLETED' GROUP BY partition_key, phase")
         completed = {(r[0], r[1]): r[2] for r in rows}
-        assert completed == {(k, p): 1 for k in EIGHT for p in PHASES}, f"computed more than once: {completed}"
+        assert completed == {(k, p): 1 for k in EIGHT for p in PHASE_NAMES}, f"computed more than once: {completed}"
         claims = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
                                   " WHERE status = 'PENDING' GROUP BY partition_key, phase HAVING count(*) > 1")
         assert claims == [], f"phases claimed more than once: {claims}"

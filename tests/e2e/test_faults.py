@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.consumer import (
+    PHASE_NAMES,
     Consumer,
     check_consumer,
     check_lake_equal,
@@ -38,7 +39,6 @@ from tests.consumer import (
 
 pytestmark = pytest.mark.e2e
 
-PHASES = ("ingest", "enrich", "correlate", "present")
 KEY = "2026-09-01|gulf_coast"
 ONE = [KEY]
 ONE_ARGS = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
@@ -100,7 +100,7 @@ def check_against_clean(env: dict[str, str], dsn: str, consumer: Consumer, clean
     final = final if final is not None else status(env)
     for key in partitions:
         assert final[key]["tier"] == 4, final[key]
-        for phase in PHASES:
+        for phase in PHASE_NAMES:
             assert final[key]["phases"][phase]["state_hash"] == clean.status[key]["phases"][phase]["state_hash"], (
                 f"{phase} of {key}: another state than a clean run's")
     return artifacts
@@ -137,7 +137,7 @@ MATRIX = [pytest.param(ph, pt, id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES] + [
 @pytest.mark.parametrize(("phase", "point"), MATRIX)
 def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sample_landing: Path, tmp_path: Path,
                                          clean_one: Clean) -> None:
-    killed_at = PHASES.index(phase)
+    killed_at = PHASE_NAMES.index(phase)
     with Consumer() as consumer:
         env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
         killed = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit")
@@ -146,13 +146,13 @@ def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sa
         assert f"injected exit at {phase}.{point} for {KEY}" in killed.stderr, str(killed)
 
         before = status(env)[KEY]["phases"]
-        done_before = PHASES[: killed_at + 1] if point == "after_checkpoint" else PHASES[:killed_at]
+        done_before = PHASE_NAMES[: killed_at + 1] if point == "after_checkpoint" else PHASE_NAMES[:killed_at]
         for name in done_before:
             assert before[name]["status"] == "COMPLETED" and before[name]["attempts"] == 1, (name, before)
         if point != "after_checkpoint":
             assert before[phase]["status"] == "PENDING", before  # the process died holding the attempt
             assert before[phase]["attempts"] == 1, before
-        for name in PHASES[killed_at + 1:]:
+        for name in PHASE_NAMES[killed_at + 1:]:
             assert name not in before, f"{name} ran although the run died in {phase}: {before}"
 
         resumed = run_until_ok(env, *ONE_ARGS)
@@ -162,11 +162,11 @@ def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sa
             # never started over: the same checkpoint, the same attempt, the same Delta versions
             for field in ("seq", "attempts", "input_hash", "state_hash", "delta_versions"):
                 assert after[name][field] == before[name][field], (name, field, before[name], after[name])
-        for name in PHASES:
+        for name in PHASE_NAMES:
             want = 2 if (name == phase and point != "after_checkpoint") else 1
             assert after[name]["attempts"] == want, (name, after[name], [str(r) for r in resumed])
         events = completed_events(pg_dsn)
-        assert events == {(KEY, name): 1 for name in PHASES}, f"a phase completed more than once: {events}"
+        assert events == {(KEY, name): 1 for name in PHASE_NAMES}, f"a phase completed more than once: {events}"
         check_against_clean(env, pg_dsn, consumer, clean_one, ONE,
                             crashes_in_delivery_window=1 if point == "after_delivery" else 0, final=final)
 
@@ -279,9 +279,9 @@ def _random_kills(kills: int, seed: int, pg_dsn: str, landing: Path, tmp_path: P
         final = status(env)
         check_against_clean(env, pg_dsn, consumer, clean, ALL, crashes_in_delivery_window=done_kills, final=final)
         for key in ALL:
-            assert set(final[key]["phases"]) == set(PHASES)
+            assert set(final[key]["phases"]) == set(PHASE_NAMES)
         events = completed_events(pg_dsn)
-        assert set(events) == {(k, p) for k in ALL for p in PHASES}, events
+        assert set(events) == {(k, p) for k in ALL for p in PHASE_NAMES}, events
         assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.consumer import (
     KINDS,
+    PHASE_NAMES,
     Consumer,
     check_consumer,
     check_headers,
@@ -25,7 +26,6 @@ from tests.consumer import (
 
 pytestmark = pytest.mark.e2e
 
-PHASES = ("ingest", "enrich", "correlate", "present")
 ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
 ARGS = ("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01..2026-09-02")
 LATE = "2026-09-01|gulf_coast"
@@ -79,7 +79,7 @@ def test_late_data_recomputes_one_partition_and_supersedes_its_artifacts(pg_dsn:
 
         # only the changed partition was recomputed, every phase of it, once
         for key in ALL:
-            for phase in PHASES:
+            for phase in PHASE_NAMES:
                 b, a = before[key]["phases"][phase], after[key]["phases"][phase]
                 if key == LATE:
                     assert a["seq"] > b["seq"] and a["input_hash"] != b["input_hash"], (key, phase, b, a)
@@ -87,7 +87,7 @@ def test_late_data_recomputes_one_partition_and_supersedes_its_artifacts(pg_dsn:
                 else:
                     assert a == b, f"{phase} of {key} changed although its inputs did not"
         events = completed_events(pg_dsn)
-        assert events == {(k, p): (2 if k == LATE else 1) for k in ALL for p in PHASES}, events
+        assert events == {(k, p): (2 if k == LATE else 1) for k in ALL for p in PHASE_NAMES}, events
         assert after[LATE]["tier"] == 4
 
         # the new revisions, and only those, were delivered, each naming the one it supersedes
@@ -145,7 +145,7 @@ def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[s
     assert correlate_mod.CORRELATE is CORRELATE is BY_NAME["correlate"]
     first = materialize(KEY)
     assert first.success
-    assert _outcomes(first) == dict.fromkeys(PHASES, "COMPLETED")
+    assert _outcomes(first) == dict.fromkeys(PHASE_NAMES, "COMPLETED")
     v1 = _heads(pg_dsn, KEY)
     lake_v1 = lake_snapshot(sl_env, [KEY])
     original = CORRELATE.schema_version
@@ -163,7 +163,7 @@ def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[s
         for phase in ("correlate", "present"):
             assert v2[phase][0] > v1[phase][0], phase
         again = materialize(KEY)
-        assert _outcomes(again) == dict.fromkeys(PHASES, "SKIPPED")
+        assert _outcomes(again) == dict.fromkeys(PHASE_NAMES, "SKIPPED")
     finally:
         _set_schema_version(CORRELATE, original)
 
@@ -173,7 +173,7 @@ def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[s
                                    "present": "COMPLETED"}
     v3 = _heads(pg_dsn, KEY)
     assert v3["correlate"][1] == original
-    for phase in PHASES:
+    for phase in PHASE_NAMES:
         assert v3[phase][2] == v1[phase][2], f"{phase}: reverting did not restore the state"
     lake_v3 = lake_snapshot(sl_env, [KEY])
     import pandas as pd
