@@ -180,6 +180,13 @@ class PhaseIO:
         return output
 
 
+def _recorded_files(cp: Checkpoint | None) -> dict[str, tuple[str, str]]:
+    """(stamp, digest) per landing file as an ingest checkpoint recorded them (none if it did not)."""
+    summary = (cp.summary or {}) if cp is not None else {}
+    files, stamps = summary.get("input_files") or {}, summary.get("input_stamps") or {}
+    return {rel: (stamps[rel], digest) for rel, digest in files.items() if rel in stamps}
+
+
 _FROZEN: list[bool] = []
 
 
@@ -217,7 +224,8 @@ class PhaseRunner:
         freeze_startup_heap()
 
     # ---- 1. input hash -----------------------------------------------------------------
-    def upstream(self, phase: Phase, part: PartitionRef) -> dict[str, Checkpoint]:
+    def upstream(self, phase: Phase, part: PartitionRef) -> tuple[dict[str, Checkpoint], Checkpoint | None]:
+        """The COMPLETED head checkpoints of the phases ``phase`` reads, and ``phase``'s own head."""
         heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
         ups: dict[str, Checkpoint] = {}
         for name in phase.reads:
@@ -229,9 +237,17 @@ class PhaseRunner:
                     "materialize the upstream assets too"
                 )
             ups[name] = cp
-        return ups
+        return ups, heads.get(phase.name)
 
-    def input_hash(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint]) -> tuple[str, dict[str, Any]]:
+    def input_hash(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint],
+                   prior: Checkpoint | None = None) -> tuple[str, dict[str, Any]]:
+        """The phase's input hash for the partition, and the basis it was computed from.
+
+        ``prior``: the phase's head checkpoint, if any. For ingest, the landing files whose
+        stamp it recorded are unchanged are not read again (their recorded digests are used);
+        the stamps go into ``basis["stamps"]``, outside the hash.
+        """
+        stamped: dict[str, tuple[str, str]] = {}
         basis: dict[str, Any] = {
             "phase": phase.name,
             "code_version": phase.code_version,
@@ -240,7 +256,8 @@ class PhaseRunner:
         }
         if phase.name == "ingest":
             basis["region"] = part.region.fingerprint()
-            basis["files"] = self.landing.digests(part.region.region_id, part.day)
+            stamped = self.landing.stamped_digests(part.region.region_id, part.day, known=_recorded_files(prior))
+            basis["files"] = {rel: digest for rel, (_, digest) in stamped.items()}
             basis["known_regions"] = sorted(self.regions)
         basis["upstream"] = {name: cp.state_hash for name, cp in sorted(ups.items())}
         # A new schema or code version upstream recomputes this phase even when the upstream
@@ -249,7 +266,10 @@ class PhaseRunner:
         if phase.name == "present":
             basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
                                       for t in self.targets)
-        return _hash_json(basis), basis
+        ih = _hash_json(basis)
+        if stamped:
+            basis["stamps"] = {rel: stamp for rel, (stamp, _) in stamped.items()}
+        return ih, basis
 
     def _would_skip(self, phase: Phase, part: PartitionRef, heads: dict[str, Checkpoint]) -> bool:
         """Whether ``phase`` would skip given the partition's head checkpoints (as :meth:`run` decides)."""
@@ -258,12 +278,13 @@ class PhaseRunner:
             return False
         if any(name not in heads for name in phase.reads):
             return False
-        return self.input_hash(phase, part, {name: heads[name] for name in phase.reads})[0] == cp.input_hash
+        return self.input_hash(phase, part, {name: heads[name] for name in phase.reads}, prior=cp)[0] == cp.input_hash
 
     def prefetch(self, phase: Phase, part: PartitionRef) -> None:
         """Start reading the partition's inputs for ``phase`` in the background, if it has work.
 
-        Called by a range step for the next partition while it computes the current one. Only
+        Called by a range step for the next partition while it computes the current one, and
+        by the CLI for the first partition of a run it is about to launch. Only
         when every upstream phase is COMPLETED and this phase would not skip; any doubt (the
         ledger unreachable) just means no prefetch: the phase reads as usual.
         """
@@ -324,8 +345,8 @@ class PhaseRunner:
         return outcome
 
     def _run(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None) -> Outcome:
-        ups = self.upstream(phase, part)
-        ih, basis = self.input_hash(phase, part, ups)
+        ups, prior = self.upstream(phase, part)
+        ih, basis = self.input_hash(phase, part, ups, prior)
         args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,
                     input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
                     run_id=self.run_id)
@@ -414,6 +435,7 @@ class PhaseRunner:
         }
         if phase.name == "ingest":
             summary["input_files"] = basis["files"]
+            summary["input_stamps"] = basis["stamps"]
         cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=phase.tier,
                                   tier_label=phase.tier_label, run_id=self.run_id)
         self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,19 +16,31 @@ PARTITION_FILES = ("outages.csv", "weather.csv")
 REFERENCE_FILES = ("reference/customers.csv", "reference/terrain.csv")
 
 
-# Digests already computed in this process, by the file's identity and change stamp: the CLI's
+# Digests already computed in this process, by the file's path and change stamp: the CLI's
 # preflight and the ingest phase after it ask for the same files within seconds.
-_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+_DIGESTS: dict[tuple[str, str], str] = {}
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file)."""
+def file_stamp(path: Path) -> str:
+    """The file's identity and change stamp: device, inode, size, mtime and ctime (ns).
+
+    Any write, rename over, copy or restore changes at least one of them (the ctime is set by
+    the kernel on every change and cannot be set back by a tool), so an unchanged stamp
+    means unchanged bytes. ``missing`` when there is no file.
+    """
     try:
         st = path.stat()
     except FileNotFoundError:
         return "missing"
-    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
-    cached = _DIGESTS.get(stamp)
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file)."""
+    stamp = file_stamp(path)
+    if stamp == "missing":
+        return stamp
+    cached = _DIGESTS.get((str(path), stamp))
     if cached is not None:
         return cached
     h = hashlib.sha256()
@@ -39,7 +52,7 @@ def file_digest(path: Path) -> str:
         return "missing"
     if len(_DIGESTS) > 4096:
         _DIGESTS.clear()
-    _DIGESTS[stamp] = digest = h.hexdigest()
+    _DIGESTS[(str(path), stamp)] = digest = h.hexdigest()
     return digest
 
 
@@ -58,6 +71,26 @@ class Landing:
 
     def digests(self, region_id: str, day: str) -> dict[str, str]:
         return {rel: file_digest(path) for rel, path in sorted(self.input_files(region_id, day).items())}
+
+    def stamped_digests(self, region_id: str, day: str,
+                        known: Mapping[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str]]:
+        """Landing-relative name -> (stamp, sha256) of every input file of the partition.
+
+        ``known``: (stamp, digest) pairs recorded by an earlier ingest of the partition; a file
+        whose stamp is unchanged is not read again (a resumed backfill does not re-hash the
+        landing zone to find that nothing changed). A file changed between the stamp and the
+        digest gets a new stamp next time, so it is hashed again then.
+        """
+        known = known or {}
+        out: dict[str, tuple[str, str]] = {}
+        for rel, path in sorted(self.input_files(region_id, day).items()):
+            stamp = file_stamp(path)
+            recorded = known.get(rel)
+            if recorded is not None and stamp != "missing" and recorded[0] == stamp:
+                out[rel] = recorded
+            else:
+                out[rel] = (stamp, file_digest(path))
+        return out
 
     def partitions(self) -> list[tuple[str, str]]:
         """Every (day, region) with a folder in the landing zone, sorted by day then region."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -365,6 +366,47 @@ def test_changed_landing_file_recomputes_only_its_partition(sl_env: dict[str, st
 
 
 # ---- quarantine and unreadable files -------------------------------------------------------
+def test_landing_digests_are_reused_by_stamp_and_a_same_size_rewrite_is_still_seen(
+        sl_env: dict[str, str], ledger: Ledger) -> None:
+    from resources.landing import Landing, file_stamp
+
+    assert_completed_all(materialize(KEY))
+    ingest = heads_by_phase(ledger)["ingest"]
+    landing = Landing(home(sl_env) / "landing")
+    files = landing.input_files(REGION, DAY)
+    # The ingest checkpoint records each input file's stamp next to its digest.
+    assert ingest.summary["input_stamps"] == {rel: file_stamp(path) for rel, path in files.items()}
+    assert ingest.summary["input_files"] == {rel: hashlib.sha256(path.read_bytes()).hexdigest()
+                                             for rel, path in files.items()}
+
+    # A recorded (stamp, digest) is taken as it is while the stamp holds: the file is not read.
+    rel = f"{REGION}/{DAY}/outages.csv"
+    known = {rel: (ingest.summary["input_stamps"][rel], "recorded-digest")}
+    assert landing.stamped_digests(REGION, DAY, known=known)[rel] == (known[rel][0], "recorded-digest")
+
+    # Rewrite the file in place with the same size and put its mtime back: the stamp still
+    # changes (ctime), so the digest is computed again and ingest runs on the new bytes.
+    path = files[rel]
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    header_end = data.index(b"\n")
+    pos = data.index(b"\n", header_end + 1) - 1  # last character of the first data row
+    data[pos:pos + 1] = b"0" if data[pos:pos + 1] != b"0" else b"1"
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert landing.stamped_digests(REGION, DAY, known=known)[rel] == (
+        file_stamp(path), hashlib.sha256(bytes(data)).hexdigest())
+
+    result = materialize(KEY)
+    assert result.success, failure_descriptions(result)
+    assert step_outcomes(result)[ASSETS[0]] == "COMPLETED"
+    again = heads_by_phase(ledger)["ingest"]
+    assert again.input_hash != ingest.input_hash
+    assert again.summary["input_files"][rel] == hashlib.sha256(bytes(data)).hexdigest()
+
+
 def test_malformed_rows_are_quarantined_with_line_field_and_reason(sl_env: dict[str, str], ledger: Ledger) -> None:
     path = landing_file(sl_env, "outages.csv")
     rel = f"{REGION}/{DAY}/outages.csv"
