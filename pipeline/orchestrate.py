@@ -294,6 +294,8 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
         if current is None:
             current = runner.current_heads(PartitionRef.parse(key, runner.regions)) if preflight else []
         runner.record_skips(current)
+        if len(current) < len(PHASES):
+            runner.prefetch(PHASES[len(current)], PartitionRef.parse(key, runner.regions))
         try:
             return run_partition(job, instance, key, tags=tags, first=len(current))
         except Exception as exc:  # Dagster's storage failing under the run
@@ -331,6 +333,9 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
             start_at = min(len(current[k]) for k in group)
             for key in group:
                 runner.record_skips(current[key][:start_at])
+            # The run's first step reads its first partition's inputs: start that read now, so
+            # it overlaps the run's start-up (the step prefetches each next partition itself).
+            runner.prefetch(PHASES[start_at], PartitionRef.parse(group[0], runner.regions))
             try:
                 ranged = run_range(job, instance, group, tags=tags, on_done=report, first=start_at)
             except Exception as exc:

@@ -11,6 +11,7 @@ app transaction versions, so this check is ours to make.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -46,9 +47,25 @@ _LOCK = threading.Lock()
 _PREFETCHER: list[ThreadPoolExecutor] = []
 
 
+PREFETCH_NICE = 10
+
+
+def _background_priority() -> None:
+    """Lower the calling thread's scheduling priority (Linux: ``nice`` is per thread).
+
+    The reader runs beside a phase computing on the main thread; on a machine with few cores
+    it must take the CPU the phase leaves idle, not the phase's own.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREFETCH_NICE)
+    except (AttributeError, OSError):  # no per-thread priority here: read at normal priority
+        pass
+
+
 def _prefetcher() -> ThreadPoolExecutor:
     if not _PREFETCHER:
-        _PREFETCHER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-prefetch"))
+        _PREFETCHER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-prefetch",
+                                              initializer=_background_priority))
     return _PREFETCHER[0]
 
 
@@ -153,19 +170,19 @@ class Lake:
     def _prefetched(self, key: tuple[str, str, str, int], table: str, region_id: str, day: str,
                     version: int) -> None:
         try:
-            out = self._scan(table, region_id, day, version)
+            out = self._scan(table, region_id, day, version, threads=False)  # one core: the phase has the other
             with _LOCK:
                 _remember(key, out)
         finally:
             with _LOCK:
                 _INFLIGHT.pop(key, None)
 
-    def _scan(self, table: str, region_id: str, day: str, version: int) -> pa.Table:
+    def _scan(self, table: str, region_id: str, day: str, version: int, *, threads: bool = True) -> pa.Table:
         dt = self.table(table, version)
         schema = self.schemas[table]
         if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
             files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
-            parts = [_with_partition(pq.ParquetFile(f).read(use_threads=True), region_id, day) for f in files]
+            parts = [_with_partition(pq.ParquetFile(f).read(use_threads=threads), region_id, day) for f in files]
             return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts]) if parts else schema.empty_table()
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
