@@ -123,6 +123,9 @@ def ensure_pools(dagster_dsn: str) -> None:
     aborts its transaction, and the run dies with ``InFailedSqlTransaction`` (a backfill's
     first runs all start together; see dagster-io/dagster#33557). Creating the rows here, one
     process and one key at a time, leaves no race. Cheap when done: one SELECT.
+
+    Before the first instance is made on a database, Dagster's tables are created (or a
+    half-made set completed) in one transaction by :func:`complete_dagster_storage`.
     """
     keys = pool_keys()
     try:
@@ -142,6 +145,72 @@ def ensure_pools(dagster_dsn: str) -> None:
             return
         import dagster as dg
 
+        complete_dagster_storage(dagster_dsn)
         with dg.DagsterInstance.get() as instance:
+            # What Dagster does after creating its tables: mark its data migrations done (nothing
+            # to migrate in empty tables). Each one already marked is skipped.
+            instance.run_storage.migrate()
+            instance.run_storage.optimize()
+            instance.event_log_storage.reindex_events()
+            instance.event_log_storage.reindex_assets()
+            instance.schedule_storage.migrate()
+            instance.schedule_storage.optimize()
             for key in missing:
                 instance.event_log_storage.initialize_concurrency_limit_to_default(key)
+
+
+def _dagster_metadata() -> list:
+    from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
+    from dagster._core.storage.runs.schema import RunStorageSqlMetadata
+    from dagster._core.storage.schedules.schema import ScheduleStorageSqlMetadata
+
+    return [RunStorageSqlMetadata, SqlEventLogStorageMetadata, ScheduleStorageSqlMetadata]
+
+
+def complete_dagster_storage(dagster_dsn: str) -> list[str]:
+    """Create whatever of Dagster's tables and indexes is missing, all in one transaction.
+
+    dagster-postgres creates its tables on an autocommit connection, one statement at a time,
+    and only when its main table (``runs``, ``event_logs``, ``jobs``) is missing. A process
+    killed in the middle of that (a backfill stopped in its first second on a fresh database)
+    leaves some tables made; every later start sees the main table, skips the creation, and
+    runs fail on a missing one (``relation "asset_keys" does not exist``). Here the creation
+    is one PostgreSQL transaction (DDL is transactional there), so it happens whole or not at
+    all, and a half-made storage left by an earlier version or by Dagster's own tools is
+    completed. Nothing is ever dropped: the tables may share the ledger's database.
+
+    Called under the advisory lock of :func:`ensure_pools`. Returns the tables and indexes
+    it created.
+    """
+    import dagster_postgres.event_log.event_log as pg_event_log
+    import sqlalchemy as sa
+    from dagster._core.storage.sql import stamp_alembic_rev
+    from dagster_postgres.utils import pg_alembic_config
+
+    metadata = _dagster_metadata()
+    engine = sa.create_engine(sqlalchemy_url(dagster_dsn), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            inspector = sa.inspect(conn)
+            have = set(inspector.get_table_names())
+            created = [t.name for m in metadata for t in m.sorted_tables if t.name not in have]
+            for m in metadata:
+                for table in m.sorted_tables:  # the indexes of tables that are there already
+                    if table.name in have and table.indexes:
+                        named = {ix["name"] for ix in inspector.get_indexes(table.name)}
+                        created += [ix.name for ix in table.indexes if ix.name not in named]
+            if not created:
+                return []
+            stamped = "alembic_version" in have and conn.execute(
+                sa.text("SELECT count(*) FROM alembic_version")).scalar()
+            for m in metadata:
+                m.create_all(conn, checkfirst=True)
+                for table in m.sorted_tables:
+                    if table.name in have:
+                        for index in table.indexes:
+                            index.create(conn, checkfirst=True)
+            if not stamped:
+                stamp_alembic_rev(pg_alembic_config(pg_event_log.__file__), conn)
+        return created
+    finally:
+        engine.dispose()

@@ -1,0 +1,98 @@
+"""Dagster's storage on PostgreSQL: created whole, and a half-made one (a kill during creation) completed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+
+from resources.pgserver import with_database
+
+
+@pytest.fixture
+def dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh database for Dagster's storage, with a DAGSTER_HOME whose dagster.yaml points at it."""
+    from pipeline.instance import dagster_yaml, sqlalchemy_url
+
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_database(pg_admin_dsn, name)
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    yield dsn
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _tables(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+
+
+def _expected_tables() -> set[str]:
+    from pipeline.instance import _dagster_metadata
+
+    return {t.name for m in _dagster_metadata() for t in m.sorted_tables}
+
+
+def _assert_usable(dsn: str) -> None:
+    import dagster as dg
+
+    from pipeline.instance import pool_keys
+
+    assert _expected_tables() <= _tables(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] == 1
+        marked = {r[0] for r in conn.execute("SELECT name FROM secondary_indexes WHERE migration_completed IS NOT NULL")}
+    with dg.DagsterInstance.get() as instance:
+        assert instance.event_log_storage.get_asset_keys() == []  # asset_keys is there
+        assert instance.get_runs() == []
+        assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
+        assert instance.event_log_storage.has_secondary_index("asset_key_table")
+        assert instance.run_storage.has_built_index("run_partitions")
+    assert {"asset_key_table", "run_partitions"} <= marked
+
+
+def test_fresh_storage_is_created_in_one_go(dagster_db: str) -> None:
+    from pipeline.instance import ensure_pools
+
+    assert not _tables(dagster_db)
+    ensure_pools(dagster_db)
+    _assert_usable(dagster_db)
+
+
+def test_storage_half_made_by_a_killed_process_is_completed(dagster_db: str) -> None:
+    """dagster-postgres made ``snapshots``, ``runs`` and ``event_logs``, then the process died (autocommit DDL)."""
+    import dagster as dg
+    from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
+    from dagster._core.storage.runs.schema import RunStorageSqlMetadata
+
+    from pipeline.instance import complete_dagster_storage, ensure_pools, sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(dagster_db), isolation_level="AUTOCOMMIT")
+    try:
+        RunStorageSqlMetadata.tables["snapshots"].create(engine)
+        RunStorageSqlMetadata.tables["runs"].create(engine)
+        SqlEventLogStorageMetadata.tables["event_logs"].create(engine)
+        with engine.connect() as conn:  # and one index of a table that exists was not made yet
+            conn.execute(sa.text("DROP INDEX IF EXISTS idx_step_key"))
+    finally:
+        engine.dispose()
+    assert _tables(dagster_db) == {"snapshots", "runs", "event_logs"}
+    # Dagster alone sees its main tables and does not create the rest.
+    with dg.DagsterInstance.get() as instance, pytest.raises(sa.exc.SQLAlchemyError, match="asset_keys"):
+        instance.event_log_storage.get_asset_keys()
+
+    ensure_pools(dagster_db)
+    _assert_usable(dagster_db)
+    with psycopg.connect(dagster_db) as conn:
+        assert conn.execute("SELECT to_regclass('idx_step_key')").fetchone()[0] is not None
+    assert complete_dagster_storage(dagster_db) == []  # whole now: nothing more to make
