@@ -31,12 +31,13 @@ claim (``decide(claim=True)``), record the phase's calls, then ``complete()`` ch
 distinct partitions, :data:`COMMIT_ITERATIONS` times each; the latency of ``complete()`` (the
 checkpoint commit transaction) gives p50 and p99. Same server as (b), its own database.
 
-``--repeat N`` (default 3): (a) and (b) alternate N times (bare, pipeline, bare, pipeline, ...),
-each time on a fresh lake, home and database, and (d) is repeated N times; each run's figures
-are those of its fastest sample (as ``timeit`` reports the best of its repeats: on a shared
-machine the slower samples measure the neighbours), and every sample's wall time is listed
-(``samples`` in the JSON, a column of the table). Alternating keeps a burst of outside load from
-landing on one side of the ratio only. A failed sample fails the bench.
+``--repeat N`` (default 3): (a), (b) and (d) take turns N times (bare, pipeline, resume, bare,
+pipeline, resume, ...), each time on a fresh lake, home and database; each run's figures are
+those of its fastest sample (as ``timeit`` reports the best of its repeats: on a shared machine
+the slower samples measure the neighbours), and every sample's wall time is listed (``samples``
+in the JSON, a column of the table). Taking turns keeps a burst of outside load, or a machine
+that slows down over the minutes of the bench, from landing on one side of a ratio only. A
+failed sample fails the bench.
 
 Every run is its own child process (``python -m pipeline.bench --child STAGE SPEC``), so that
 its peak RSS (``ru_maxrss``) is its own; the child reports through a JSON file (its stdout goes
@@ -486,6 +487,27 @@ def _ratio(a: dict[str, float] | None, b: dict[str, float] | None) -> float | No
     return round(a["wall_s"] / b["wall_s"], 4)
 
 
+def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path, landing: Path, work: Path,
+                   results: dict[str, dict[str, Any]], samples: dict[str, list[float | None]],
+                   extra: dict[str, Any]) -> None:
+    """(d), sample ``r``: a run failing every partition in correlate, then the timed resume."""
+    ledger_dsn, dagster_dsn = dbs.create()
+    spec = {"kind": "pipeline", "keys": keys, "dagster_dsn": dagster_dsn}
+    home = bench / f"resume-{r}"
+    _say(f"(d) resume{of}: first run with STORMLAKE_FAULTS={FAULT} (fails in correlate, as intended)")
+    fault = run_child(f"resume-fault-{r}", spec, _child_env(home, landing, ledger_dsn, faults=FAULT), work)
+    extra["resume_fault"] = fault
+    st = fault.get("statuses", {})
+    if fault.get("ok") or st.get("correlate", {}).get("FAILED", 0) != len(keys):
+        _say(f"warning: the faulted run did not fail every partition in correlate: {st}")
+    _say(f"(d) resume{of}: the second run, timed")
+    res = run_child(f"resume-{r}", spec, _child_env(home, landing, ledger_dsn), work)
+    _report_stage("resume", res)
+    shutil.rmtree(home, ignore_errors=True)
+    samples["resume"].append(res.get("wall_s") if res.get("ok") else None)
+    results["resume"] = _faster(results.get("resume"), res)
+
+
 def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
     """Run the benchmark of the module docstring; print the table or the JSON; 0 when every run succeeded."""
     from pipeline.generate import generate_scenario
@@ -547,6 +569,9 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
                 extra["pipeline_phases"] = phase_seconds(ledger_dsn)
             else:
                 shutil.rmtree(home, ignore_errors=True)
+            if "resume" not in skip:
+                samples.setdefault("resume", [])
+                _resume_sample(r, of, keys, dbs, bench, landing, work, results, samples, extra)
         assert best_pipeline is not None
         home, spec, ledger_dsn = best_pipeline
         _say("(c) rerun: the same partitions again")
@@ -562,25 +587,6 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
                 _child_env(bench / "commit", landing, commit_dsn), work)
             _report_stage("commit", results["commit"])
 
-        if "resume" not in skip:
-            samples["resume"] = []
-            for r in range(1, repeat + 1):
-                of = f" ({r}/{repeat})" if repeat > 1 else ""
-                ledger_dsn, dagster_dsn = dbs.create()
-                spec = {"kind": "pipeline", "keys": keys, "dagster_dsn": dagster_dsn}
-                home = bench / f"resume-{r}"
-                _say(f"(d) resume{of}: first run with STORMLAKE_FAULTS={FAULT} (fails in correlate, as intended)")
-                fault = run_child(f"resume-fault-{r}", spec, _child_env(home, landing, ledger_dsn, faults=FAULT), work)
-                extra["resume_fault"] = fault
-                st = fault.get("statuses", {})
-                if fault.get("ok") or st.get("correlate", {}).get("FAILED", 0) != len(keys):
-                    _say(f"warning: the faulted run did not fail every partition in correlate: {st}")
-                _say(f"(d) resume{of}: the second run, timed")
-                res = run_child(f"resume-{r}", spec, _child_env(home, landing, ledger_dsn), work)
-                _report_stage("resume", res)
-                shutil.rmtree(home, ignore_errors=True)
-                samples["resume"].append(res.get("wall_s") if res.get("ok") else None)
-                results["resume"] = _faster(results.get("resume"), res)
     finally:
         dbs.drop_all()
 
@@ -659,9 +665,8 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
             lines.append(f"{name:<10}{fig['wall_s']:>10.2f}{fig['rows_per_s']:>14,.0f}{fig['peak_rss_mb']:>14.0f}"
                          + (f"  {each}" if len(samples.get(name, [])) > 1 else ""))
     if cfg.get("repeat", 1) > 1:
-        also = ", resume repeated" if "resume" in out["runs"] else ""
-        lines.append(f"(bare and pipeline alternated {cfg['repeat']} times{also}; each run's figures "
-                     "are its fastest sample)")
+        turns = "bare, pipeline and resume" if "resume" in out["runs"] else "bare and pipeline"
+        lines.append(f"({turns} took turns {cfg['repeat']} times; each run's figures are its fastest sample)")
     bare_ph = results.get("bare", {}).get("phases") or {}
     pipe_ph = extra.get("pipeline_phases") or {}
     if bare_ph or pipe_ph:
