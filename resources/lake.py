@@ -12,6 +12,7 @@ app transaction versions, so this check is ours to make.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -56,9 +57,11 @@ def _background_priority() -> None:
     The reader runs beside a phase computing on the main thread; on a machine with few cores
     it must take the CPU the phase leaves idle, not the phase's own.
     """
+    if not sys.platform.startswith("linux"):  # elsewhere the id below would name a process
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREFETCH_NICE)
-    except (AttributeError, OSError):  # no per-thread priority here: read at normal priority
+    except OSError:  # not allowed here: read at normal priority
         pass
 
 
