@@ -272,7 +272,7 @@ def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:
     """A data file's rows with the partition columns, which Delta keeps in the log, not the file."""
     for name, value in (("region_id", region_id), ("day", day)):
         if name not in data.column_names:
-            data = data.append_column(name, pa.array([value] * data.num_rows, pa.string()))
+            data = data.append_column(name, pa.repeat(pa.scalar(value, pa.string()), data.num_rows))
     return data
 
 
