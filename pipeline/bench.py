@@ -35,9 +35,12 @@ checkpoint commit transaction) gives p50 and p99. Same server as (b), its own da
 pipeline, resume, ...), each time on a fresh lake, home and database; each run's figures are
 those of its fastest sample (as ``timeit`` reports the best of its repeats: on a shared machine
 the slower samples measure the neighbours), and every sample's wall time is listed (``samples``
-in the JSON, a column of the table). Taking turns keeps a burst of outside load, or a machine
-that slows down over the minutes of the bench, from landing on one side of a ratio only. A
-failed sample fails the bench.
+in the JSON, a column of the table). The ratios ``pipeline_vs_bare`` and ``resume_vs_pipeline``
+are measured side by side: each turn's own (its pipeline over its bare, its resume over its
+pipeline, and its target from its pipeline's phase seconds) are listed under ``turns``, and
+``ratios`` holds their median. A machine that changes speed during the bench (a shared host
+does) then moves both sides of a ratio together, where fastest-over-fastest could pair a
+sample of a fast minute with one of a slow minute. A failed sample fails the bench.
 
 Every run is its own child process (``python -m pipeline.bench --child STAGE SPEC``), so that
 its peak RSS (``ru_maxrss``) is its own; the child reports through a JSON file (its stdout goes
@@ -52,7 +55,7 @@ end. ``STORMLAKE_WEBHOOK_URL`` is not passed to the runs: a benchmark delivers t
 
 ``--json`` prints contract section 9: ``config`` (with ``repeat``), ``runs`` (``bare``, ``pipeline``, ``rerun``,
 ``resume``), ``ratios`` (``pipeline_vs_bare``, ``rerun_vs_pipeline``, ``resume_vs_pipeline``,
-``resume_target``) and, at the top level, ``checkpoint_commit_ms`` (``p50``, ``p99``) and
+``resume_target``), ``turns`` (each turn's ratios) and, at the top level, ``checkpoint_commit_ms`` (``p50``, ``p99``) and
 ``samples`` (the wall seconds of every sample of ``bare``, ``pipeline`` and ``resume``).
 ``--skip resume,commit`` leaves those measurements (and their keys) out. Without ``--json`` a
 table with the figures and the targets (met / not met) is printed; progress goes to stderr.
@@ -544,6 +547,7 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
     repeat = args.repeat
     dbs = Databases(settings.pg_dsn, settings.pgdata)
     try:
+        turn_phases: list[dict[str, float] | None] = []  # each turn's pipeline phase seconds
         best_pipeline: tuple[Path, dict[str, Any], str] | None = None  # home, spec, ledger DSN of results["pipeline"]
         for r in range(1, repeat + 1):
             of = f" ({r}/{repeat})" if repeat > 1 else ""
@@ -561,12 +565,13 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
             pipe = run_child(f"pipeline-{r}", spec, _child_env(home, landing, ledger_dsn), work)
             _report_stage("pipeline", pipe)
             samples["pipeline"].append(pipe.get("wall_s") if pipe.get("ok") else None)
+            turn_phases.append(phase_seconds(ledger_dsn) if pipe.get("ok") else None)
             if _faster(results.get("pipeline"), pipe) is pipe:
                 if best_pipeline is not None:
                     shutil.rmtree(best_pipeline[0], ignore_errors=True)
                 best_pipeline = (home, spec, ledger_dsn)
                 results["pipeline"] = pipe
-                extra["pipeline_phases"] = phase_seconds(ledger_dsn)
+                extra["pipeline_phases"] = turn_phases[-1]
             else:
                 shutil.rmtree(home, ignore_errors=True)
             if "resume" not in skip:
@@ -592,19 +597,17 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
 
     runs = {name: _run_figures(results.get(name), rows) for name in ("bare", "pipeline", "rerun", "resume")
             if name in results}
+    turns = turn_ratios(samples, turn_phases)
     ratios: dict[str, float | None] = {
-        "pipeline_vs_bare": _ratio(runs.get("pipeline"), runs.get("bare")),
+        "pipeline_vs_bare": _median([t.get("pipeline_vs_bare") for t in turns]),
         "rerun_vs_pipeline": _ratio(runs.get("rerun"), runs.get("pipeline")),
     }
-    phases = extra.get("pipeline_phases") or {}
     if "resume" in results:
-        ratios["resume_vs_pipeline"] = _ratio(runs.get("resume"), runs.get("pipeline"))
-        total = sum(phases.values())
-        share = (phases.get("correlate", 0.0) + phases.get("present", 0.0)) / total if total else None
-        ratios["resume_target"] = round(share + 0.05, 4) if share is not None else None
+        ratios["resume_vs_pipeline"] = _median([t.get("resume_vs_pipeline") for t in turns])
+        ratios["resume_target"] = _median([t.get("resume_target") for t in turns])
     out: dict[str, Any] = {"config": {"partitions": len(keys), "rows_per_partition": args.rows_per_partition,
                                       "repeat": repeat},
-                           "runs": runs, "ratios": ratios,
+                           "runs": runs, "ratios": ratios, "turns": turns,
                            "samples": {name: [None if w is None else round(w, 3) for w in ws]
                                        for name, ws in samples.items()}}
     if "commit" in results:
@@ -626,6 +629,43 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
         _say(f"{name} failed: {res.get('error') or res.get('errors') or 'see the output above'}")
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
+
+
+def _share_target(phases: dict[str, float] | None) -> float | None:
+    """Share of correlate + present in a clean run's phase seconds, + 0.05: the resume target."""
+    total = sum((phases or {}).values())
+    if not phases or not total:
+        return None
+    return round((phases.get("correlate", 0.0) + phases.get("present", 0.0)) / total + 0.05, 4)
+
+
+def turn_ratios(samples: dict[str, list[float | None]],
+                turn_phases: list[dict[str, float] | None]) -> list[dict[str, float | None]]:
+    """Each turn's ratios, from the samples of that turn only (measured side by side).
+
+    Example:
+        >>> turn_ratios({"bare": [10.0], "pipeline": [11.0], "resume": [5.0]},
+        ...             [{"ingest": 3.0, "enrich": 3.0, "correlate": 1.0, "present": 3.0}])
+        [{'pipeline_vs_bare': 1.1, 'resume_vs_pipeline': 0.4545, 'resume_target': 0.45}]
+    """
+    out: list[dict[str, float | None]] = []
+    for i, pipe in enumerate(samples.get("pipeline", [])):
+        bare = samples.get("bare", [])[i] if i < len(samples.get("bare", [])) else None
+        turn: dict[str, float | None] = {"pipeline_vs_bare": round(pipe / bare, 4) if pipe and bare else None}
+        if "resume" in samples:
+            res = samples["resume"][i] if i < len(samples["resume"]) else None
+            turn["resume_vs_pipeline"] = round(res / pipe, 4) if res and pipe else None
+            turn["resume_target"] = _share_target(turn_phases[i] if i < len(turn_phases) else None)
+        out.append(turn)
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the known values; None if there are none."""
+    import statistics
+
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
 
 
 def _faster(best: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -666,7 +706,8 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
                          + (f"  {each}" if len(samples.get(name, [])) > 1 else ""))
     if cfg.get("repeat", 1) > 1:
         turns = "bare, pipeline and resume" if "resume" in out["runs"] else "bare and pipeline"
-        lines.append(f"({turns} took turns {cfg['repeat']} times; each run's figures are its fastest sample)")
+        lines.append(f"({turns} took turns {cfg['repeat']} times; each run's figures are its fastest sample;"
+                     " the ratios are the median of each turn's own)")
     bare_ph = results.get("bare", {}).get("phases") or {}
     pipe_ph = extra.get("pipeline_phases") or {}
     if bare_ph or pipe_ph:
@@ -703,6 +744,14 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
             None if c.get("p99") is None else c["p99"] <= TARGETS["commit_p99_ms"])
     lines += ["", f"{'target':<30}{'value':>10}  {'target':<26}{'':>2}"]
     lines += [f"{a:<30}{b:>10}  {c:<26}{d}" for a, b, c, d in rows]
+    turns = out.get("turns") or []
+    if len(turns) > 1:
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+
+        lines += ["", "per turn (side by side)   pipeline/bare   resume/pipeline   resume target"]
+        lines += [f"turn {i:<21}{fmt(t.get('pipeline_vs_bare')):>14}{fmt(t.get('resume_vs_pipeline')):>18}"
+                  f"{fmt(t.get('resume_target')):>16}" for i, t in enumerate(turns, 1)]
     rerun = results.get("rerun", {})
     if rerun.get("ok"):
         lines += ["", f"rerun: {rerun.get('launched', 0)} Dagster runs launched, phases {rerun.get('statuses')}"]

@@ -31,7 +31,7 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     assert proc.returncode == 0, stderr[-3000:]
     out = json.loads(stdout)
 
-    assert set(out) == {"config", "runs", "ratios", "checkpoint_commit_ms", "samples"}
+    assert set(out) == {"config", "runs", "ratios", "turns", "checkpoint_commit_ms", "samples"}
     assert out["config"] == {"partitions": 2, "rows_per_partition": 2000, "repeat": 2}
     assert set(out["runs"]) == {"bare", "pipeline", "rerun", "resume"}
     for name, run in out["runs"].items():
@@ -45,6 +45,17 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     for name, walls in out["samples"].items():
         assert len(walls) == 2 and all(w > 0 for w in walls), (name, walls)
         assert out["runs"][name]["wall_s"] == pytest.approx(min(walls), abs=0.002), name
+    # The ratios are the medians (of two turns: their mean) of each turn's side-by-side ratios.
+    turns = out["turns"]
+    assert len(turns) == 2
+    for i, turn in enumerate(turns):
+        assert turn["pipeline_vs_bare"] == pytest.approx(
+            out["samples"]["pipeline"][i] / out["samples"]["bare"][i], rel=2e-3)
+        assert turn["resume_vs_pipeline"] == pytest.approx(
+            out["samples"]["resume"][i] / out["samples"]["pipeline"][i], rel=2e-3)
+        assert 0.05 < turn["resume_target"] <= 1.05
+    for key in ("pipeline_vs_bare", "resume_vs_pipeline", "resume_target"):
+        assert ratios[key] == pytest.approx((turns[0][key] + turns[1][key]) / 2, abs=2e-4), key
     # The re-run found every partition published: it did no work, so it is far cheaper.
     assert ratios["rerun_vs_pipeline"] < 1
     assert 0.05 < ratios["resume_target"] <= 1.05
