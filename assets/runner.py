@@ -247,7 +247,7 @@ class PhaseRunner:
         stamp it recorded are unchanged are not read again (their recorded digests are used);
         the stamps go into ``basis["stamps"]``, outside the hash.
         """
-        stamped: dict[str, tuple[str, str]] = {}
+        stamps: dict[str, str] = {}
         basis: dict[str, Any] = {
             "phase": phase.name,
             "code_version": phase.code_version,
@@ -258,6 +258,7 @@ class PhaseRunner:
             basis["region"] = part.region.fingerprint()
             stamped = self.landing.stamped_digests(part.region.region_id, part.day, known=_recorded_files(prior))
             basis["files"] = {rel: digest for rel, (_, digest) in stamped.items()}
+            stamps = {rel: stamp for rel, (stamp, _) in stamped.items()}
             basis["known_regions"] = sorted(self.regions)
         basis["upstream"] = {name: cp.state_hash for name, cp in sorted(ups.items())}
         # A new schema or code version upstream recomputes this phase even when the upstream
@@ -267,8 +268,8 @@ class PhaseRunner:
             basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
                                       for t in self.targets)
         ih = _hash_json(basis)
-        if stamped:
-            basis["stamps"] = {rel: stamp for rel, (stamp, _) in stamped.items()}
+        if stamps:
+            basis["stamps"] = stamps  # recorded by ingest, not hashed
         return ih, basis
 
     def _would_skip(self, phase: Phase, part: PartitionRef, heads: dict[str, Checkpoint]) -> bool:

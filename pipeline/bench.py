@@ -490,16 +490,14 @@ def _ratio(a: dict[str, float] | None, b: dict[str, float] | None) -> float | No
     return round(a["wall_s"] / b["wall_s"], 4)
 
 
-def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path, landing: Path, work: Path,
-                   results: dict[str, dict[str, Any]], samples: dict[str, list[float | None]],
-                   extra: dict[str, Any]) -> None:
-    """(d), sample ``r``: a run failing every partition in correlate, then the timed resume."""
+def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path, landing: Path,
+                   work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(d), sample ``r``: a run failing every partition in correlate, then the timed resume; their results."""
     ledger_dsn, dagster_dsn = dbs.create()
     spec = {"kind": "pipeline", "keys": keys, "dagster_dsn": dagster_dsn}
     home = bench / f"resume-{r}"
     _say(f"(d) resume{of}: first run with STORMLAKE_FAULTS={FAULT} (fails in correlate, as intended)")
     fault = run_child(f"resume-fault-{r}", spec, _child_env(home, landing, ledger_dsn, faults=FAULT), work)
-    extra["resume_fault"] = fault
     st = fault.get("statuses", {})
     if fault.get("ok") or st.get("correlate", {}).get("FAILED", 0) != len(keys):
         _say(f"warning: the faulted run did not fail every partition in correlate: {st}")
@@ -507,8 +505,7 @@ def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path
     res = run_child(f"resume-{r}", spec, _child_env(home, landing, ledger_dsn), work)
     _report_stage("resume", res)
     shutil.rmtree(home, ignore_errors=True)
-    samples["resume"].append(res.get("wall_s") if res.get("ok") else None)
-    results["resume"] = _faster(results.get("resume"), res)
+    return fault, res
 
 
 def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
@@ -548,6 +545,8 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
     dbs = Databases(settings.pg_dsn, settings.pgdata)
     try:
         turn_phases: list[dict[str, float] | None] = []  # each turn's pipeline phase seconds
+        if "resume" not in skip:
+            samples["resume"] = []
         best_pipeline: tuple[Path, dict[str, Any], str] | None = None  # home, spec, ledger DSN of results["pipeline"]
         for r in range(1, repeat + 1):
             of = f" ({r}/{repeat})" if repeat > 1 else ""
@@ -574,9 +573,10 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
                 extra["pipeline_phases"] = turn_phases[-1]
             else:
                 shutil.rmtree(home, ignore_errors=True)
-            if "resume" not in skip:
-                samples.setdefault("resume", [])
-                _resume_sample(r, of, keys, dbs, bench, landing, work, results, samples, extra)
+            if "resume" in samples:
+                extra["resume_fault"], res = _resume_sample(r, of, keys, dbs, bench, landing, work)
+                samples["resume"].append(res.get("wall_s") if res.get("ok") else None)
+                results["resume"] = _faster(results.get("resume"), res)
         assert best_pipeline is not None
         home, spec, ledger_dsn = best_pipeline
         _say("(c) rerun: the same partitions again")
@@ -648,14 +648,15 @@ def turn_ratios(samples: dict[str, list[float | None]],
         ...             [{"ingest": 3.0, "enrich": 3.0, "correlate": 1.0, "present": 3.0}])
         [{'pipeline_vs_bare': 1.1, 'resume_vs_pipeline': 0.4545, 'resume_target': 0.45}]
     """
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 4) if a and b else None
+
     out: list[dict[str, float | None]] = []
-    for i, pipe in enumerate(samples.get("pipeline", [])):
-        bare = samples.get("bare", [])[i] if i < len(samples.get("bare", [])) else None
-        turn: dict[str, float | None] = {"pipeline_vs_bare": round(pipe / bare, 4) if pipe and bare else None}
-        if "resume" in samples:
-            res = samples["resume"][i] if i < len(samples["resume"]) else None
-            turn["resume_vs_pipeline"] = round(res / pipe, 4) if res and pipe else None
-            turn["resume_target"] = _share_target(turn_phases[i] if i < len(turn_phases) else None)
+    for i, (bare, pipe) in enumerate(zip(samples["bare"], samples["pipeline"], strict=True)):
+        turn: dict[str, float | None] = {"pipeline_vs_bare": ratio(pipe, bare)}
+        if "resume" in samples:  # one of each per turn
+            turn["resume_vs_pipeline"] = ratio(samples["resume"][i], pipe)
+            turn["resume_target"] = _share_target(turn_phases[i])
         out.append(turn)
     return out
 

@@ -193,24 +193,23 @@ def complete_dagster_storage(dagster_dsn: str) -> list[str]:
         with engine.begin() as conn:
             inspector = sa.inspect(conn)
             have = set(inspector.get_table_names())
-            created = [t.name for m in metadata for t in m.sorted_tables if t.name not in have]
-            for m in metadata:
-                for table in m.sorted_tables:  # the indexes of tables that are there already
-                    if table.name in have and table.indexes:
-                        named = {ix["name"] for ix in inspector.get_indexes(table.name)}
-                        created += [ix.name for ix in table.indexes if ix.name not in named]
-            if not created:
+            tables = [t for m in metadata for t in m.sorted_tables]
+            missing_tables = [t for t in tables if t.name not in have]
+            missing_indexes = []  # of tables that are there already (a new table brings its own)
+            for table in tables:
+                if table.name in have and table.indexes:
+                    named = {ix["name"] for ix in inspector.get_indexes(table.name)}
+                    missing_indexes += [ix for ix in table.indexes if ix.name not in named]
+            if not missing_tables and not missing_indexes:
                 return []
             stamped = "alembic_version" in have and conn.execute(
                 sa.text("SELECT count(*) FROM alembic_version")).scalar()
             for m in metadata:
-                m.create_all(conn, checkfirst=True)
-                for table in m.sorted_tables:
-                    if table.name in have:
-                        for index in table.indexes:
-                            index.create(conn, checkfirst=True)
+                m.create_all(conn, tables=[t for t in missing_tables if t.metadata is m])
+            for index in missing_indexes:
+                index.create(conn)
             if not stamped:
                 stamp_alembic_rev(pg_alembic_config(pg_event_log.__file__), conn)
-        return created
+        return [t.name for t in missing_tables] + [ix.name for ix in missing_indexes]
     finally:
         engine.dispose()

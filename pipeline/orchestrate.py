@@ -291,11 +291,12 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
         start = time.monotonic()
         if progress:
             progress.starting(key)
+        part = PartitionRef.parse(key, runner.regions)
         if current is None:
-            current = runner.current_heads(PartitionRef.parse(key, runner.regions)) if preflight else []
+            current = runner.current_heads(part) if preflight else []
         runner.record_skips(current)
         if len(current) < len(PHASES):
-            runner.prefetch(PHASES[len(current)], PartitionRef.parse(key, runner.regions))
+            runner.prefetch(PHASES[len(current)], part)
         try:
             return run_partition(job, instance, key, tags=tags, first=len(current))
         except Exception as exc:  # Dagster's storage failing under the run

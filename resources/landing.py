@@ -35,9 +35,12 @@ def file_stamp(path: Path) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file)."""
-    stamp = file_stamp(path)
+def file_digest(path: Path, stamp: str | None = None) -> str:
+    """sha256 of a file's bytes, or ``missing`` (ingest then fails naming the file).
+
+    ``stamp``: the file's :func:`file_stamp`, when the caller has just taken it.
+    """
+    stamp = stamp or file_stamp(path)
     if stamp == "missing":
         return stamp
     cached = _DIGESTS.get((str(path), stamp))
@@ -70,7 +73,7 @@ class Landing:
         return files
 
     def digests(self, region_id: str, day: str) -> dict[str, str]:
-        return {rel: file_digest(path) for rel, path in sorted(self.input_files(region_id, day).items())}
+        return {rel: digest for rel, (_, digest) in self.stamped_digests(region_id, day).items()}
 
     def stamped_digests(self, region_id: str, day: str,
                         known: Mapping[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str]]:
@@ -86,10 +89,7 @@ class Landing:
         for rel, path in sorted(self.input_files(region_id, day).items()):
             stamp = file_stamp(path)
             recorded = known.get(rel)
-            if recorded is not None and stamp != "missing" and recorded[0] == stamp:
-                out[rel] = recorded
-            else:
-                out[rel] = (stamp, file_digest(path))
+            out[rel] = recorded if recorded is not None and recorded[0] == stamp else (stamp, file_digest(path, stamp))
         return out
 
     def partitions(self) -> list[tuple[str, str]]:
