@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all e2e lint bench ui clean
+.PHONY: demo test test-all e2e lint bench ui clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +16,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/stormlake demo
 
+# Headless Chromium for the UI test: installed from Debian when missing and run as root,
+# otherwise a one-line message says what to install.
+browser:
+	@bash tests/ensure_browser.sh
+
 # Two workers: most end-to-end tests wait on subprocesses, the daemon and PostgreSQL.
-test: $(STAMP)
+# The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
