@@ -15,7 +15,7 @@ from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
 from assets.transforms.correlate import correlate_storm
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 

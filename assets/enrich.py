@@ -15,7 +15,7 @@ from assets.schemas import OUTAGES_ENRICHED
 from assets.transforms.enrich import enrich_outages
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 

@@ -14,7 +14,7 @@ from assets.runner import Check, PhaseIO, PhaseOutput
 from assets.transforms.ingest import ingest_partition
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 

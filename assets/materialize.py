@@ -20,7 +20,7 @@ from assets.schemas import PARTITION_COLUMNS, TABLES
 from resources.errors import StormlakeError
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 # Dagster-level retries of transient errors, on top of the ledger's and the webhook target's own

@@ -16,7 +16,7 @@ from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import Artifact, PublisherResource
 
 

@@ -24,7 +24,7 @@ from resources import faults
 from resources.errors import GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake
 from resources.landing import Landing
-from resources.ledger import Checkpoint, Claim, Ledger
+from resources.ledger import Checkpoint, Claim, Ledger, Receipt
 from resources.publisher import Artifact, Target
 from resources.settings import Region
 
@@ -43,6 +43,10 @@ def _notify(phase: str, key: str, status: str, delivered: tuple[str, ...] = ()) 
 
 class UpstreamNotReady(StormlakeError):
     """An earlier phase of the partition has no COMPLETED checkpoint yet."""
+
+
+class UpstreamOutdated(UpstreamNotReady):
+    """An earlier phase's COMPLETED checkpoint was made by another schema or code version of it."""
 
 
 class UndeclaredRead(StormlakeError):
@@ -177,6 +181,7 @@ class PhaseIO:
             return dict(self.claim.recorded[key], replayed=True)
         output = fn()
         self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
+        faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
         return output
 
 
@@ -225,7 +230,14 @@ class PhaseRunner:
 
     # ---- 1. input hash -----------------------------------------------------------------
     def upstream(self, phase: Phase, part: PartitionRef) -> tuple[dict[str, Checkpoint], Checkpoint | None]:
-        """The COMPLETED head checkpoints of the phases ``phase`` reads, and ``phase``'s own head."""
+        """The COMPLETED head checkpoints of the phases ``phase`` reads, and ``phase``'s own head.
+
+        Each must come from the current schema and code version of its phase: a selection that
+        leaves an upgraded phase out (``--select operational_picture`` after a schema bump of
+        correlate) would otherwise compute on tables of the old shape.
+        """
+        from assets.phases import BY_NAME
+
         heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
         ups: dict[str, Checkpoint] = {}
         for name in phase.reads:
@@ -235,6 +247,14 @@ class PhaseRunner:
                 raise UpstreamNotReady(
                     f"{phase.name} of {part.key} needs {name} COMPLETED first ({name} is {state}); "
                     "materialize the upstream assets too"
+                )
+            current = BY_NAME[name]
+            if (cp.schema_version, cp.code_version) != (current.schema_version, current.code_version):
+                raise UpstreamOutdated(
+                    f"{phase.name} of {part.key} needs {name} at schema version {current.schema_version},"
+                    f" code version {current.code_version}, but its checkpoint has schema version"
+                    f" {cp.schema_version}, code version {cp.code_version}; run {name} first"
+                    f" (materialize {current.asset} with this partition)"
                 )
             ups[name] = cp
         return ups, heads.get(phase.name)
@@ -461,20 +481,23 @@ class PhaseRunner:
                     continue
                 faults.check("after_pending", phase=io.phase.name, partition_key=part.key)
 
-                def send(target: Target = target, artifact: Artifact = artifact, supersedes=rec.supersedes):
+                def send(target: Target = target, artifact: Artifact = artifact, rec: Receipt = rec):
                     try:
-                        response = target.deliver(artifact, supersedes=supersedes)
+                        response = target.deliver(artifact, supersedes=rec.supersedes,
+                                                  idempotency_key=rec.idempotency_key)
                     except StormlakeError as exc:
-                        self.ledger.note_delivery_attempt(artifact.artifact_id, target.name, str(exc))
+                        self.ledger.note_delivery_attempt(rec, str(exc))
                         raise
                     faults.check("after_delivery", phase=io.phase.name, partition_key=part.key)
-                    self.ledger.mark_delivered(artifact.artifact_id, target.name, response)
-                    return {"artifact_id": artifact.artifact_id, "target": target.name, "response": response}
+                    self.ledger.mark_delivered(rec, response)
+                    return {"artifact_id": artifact.artifact_id, "target": target.name,
+                            "idempotency_key": rec.idempotency_key, "response": response}
 
                 io.call("deliver", f"{target.name}:{artifact.kind}",
-                        {"artifact_id": artifact.artifact_id, "target": target.name}, send)
-                delivered.append(f"{target.name}:{artifact.artifact_id}")
-                _log.info("delivered %s to %s%s", artifact.artifact_id, target.name,
+                        {"artifact_id": artifact.artifact_id, "target": target.name,
+                         "idempotency_key": rec.idempotency_key}, send)
+                delivered.append(f"{target.name}:{rec.idempotency_key}")
+                _log.info("delivered %s to %s%s", rec.idempotency_key, target.name,
                           f" (supersedes {rec.supersedes})" if rec.supersedes else "")
         return delivered, count
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 from resources.errors import ConfigError, StormlakeError
-from resources.settings import Settings, load_regions, load_settings
+from resources.settings import REGION_ID_RE, Settings, load_regions, load_settings
 
 SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
 
@@ -73,6 +72,15 @@ def _ledger(settings: Settings):
     from resources.ledger import get_ledger
 
     return get_ledger(_prepare(settings))
+
+
+def _reading_ledger(settings: Settings):
+    """The ledger for a command that only reads it (status, report): no Dagster instance is
+    prepared, so the command neither imports Dagster nor touches its storage."""
+    from resources.ledger import get_ledger
+    from resources.pgserver import resolve_dsns
+
+    return get_ledger(resolve_dsns(settings.pg_dsn, settings.pgdata)[0])
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -137,9 +145,10 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         cmd_generate(ns, settings)
     keys = select_partitions(settings, None, None)
     runs = _run(settings, keys)
-    from pipeline.status import partition_status, render_table
+    from pipeline.status import render_table
 
-    print(render_table(partition_status(_ledger(settings))))
+    for line in render_table(_ledger(settings)):
+        print(line)
     failed = [r for r in runs if not r.ok]
     computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
     delivered = sum(len(r.delivered) for r in runs)
@@ -155,25 +164,63 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.status import partition_status, render_table
+def status_filter(args: argparse.Namespace, settings: Settings):  # -> StatusFilter
+    """The partitions ``status`` (and the views like it) were asked for."""
+    from assets.phases import PHASES
+    from resources.ledger_views import StatusFilter
 
-    parts = partition_status(_ledger(settings))
+    regions = tuple(r.strip() for r in (args.regions or "").split(",") if r.strip())
+    bad = [r for r in regions if not REGION_ID_RE.match(r)]
+    if bad:
+        raise ConfigError(f"--regions: {', '.join(bad)} is not a region id")
+    if args.tier is not None and not 0 <= args.tier <= len(PHASES):
+        raise ConfigError(f"--tier {args.tier}: tiers go from 0 to {len(PHASES)}")
+    if args.limit is not None and args.limit < 0:
+        raise ConfigError(f"--limit {args.limit}: give a number of partitions, 0 or more")
+    return StatusFilter(regions=regions, days=_days(args.days, "0001-01-01"), tier=args.tier, failed=args.failed,
+                        limit=args.limit)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.status import render_table, write_json
+
+    flt = status_filter(args, settings)
+    filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
+    ledger = _reading_ledger(settings)
     if args.json:
-        print(json.dumps({"partitions": parts}, indent=2, default=str))
+        write_json(ledger, sys.stdout, flt)
     else:
-        print(render_table(parts))
+        for line in render_table(ledger, flt, filtered=filtered):
+            print(line)
     return 0
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     if args.older_than < 1:
         raise ConfigError("--older-than must be at least 1 day")
-    window_start = args.keep_from or settings.first_day
-    counts = _ledger(settings).prune(older_than_days=args.older_than, keep_days_from=window_start)
-    print(f"pruned {counts['checkpoints']} superseded checkpoints, {counts['events']} events, "
-          f"{counts['receipts']} superseded receipts older than {args.older_than} days "
+    window_start = settings.first_day
+    if args.keep_from:
+        try:
+            window_start = dt.date.fromisoformat(args.keep_from).isoformat()
+        except ValueError:
+            raise ConfigError(f"--keep-from {args.keep_from!r}: expected YYYY-MM-DD") from None
+    res = _ledger(settings).prune(older_than_days=args.older_than, keep_days_from=window_start)
+    print(f"pruned {res.checkpoints} superseded checkpoints, {res.events} events, "
+          f"{res.receipts} superseded receipts older than {args.older_than} days "
           f"(receipts of days from {window_start} kept)")
+    if res.old_events_kept_current:
+        print(f"kept {res.old_events_kept_current} older events of current checkpoints "
+              "(their attempts and skips, which status and the report show)")
+    if res.readers:
+        if res.old_events_kept_unread:
+            print(f"kept {res.old_events_kept_unread} older events not yet read by every event reader "
+                  f"(kept after event {res.read_up_to})")
+        for r in res.readers:
+            print(f"  event reader {r.name}: read up to event {r.after_event_id}"
+                  f" (recorded {r.updated_at.isoformat(timespec='seconds')})")
+    else:
+        print(f"kept all {res.old_events_kept_unread} older events of superseded checkpoints: no event reader has "
+              "recorded how far it read (outbox_sensor records it on each tick), so any of them may be unread")
     return 0
 
 
@@ -181,12 +228,16 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.report import write_report
 
     out = Path(args.out) if args.out else settings.home / "report.html"
-    write_report(_ledger(settings), out)
+    write_report(_reading_ledger(settings), out)
     print(f"wrote {out}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.scale:
+        from pipeline.bench_scale import run_scale_bench
+
+        return run_scale_bench(args, settings)
     from pipeline.bench import run_bench
 
     return run_bench(args, settings)
@@ -279,7 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_backfill)
 
     s = sub.add_parser("status", help="the ledger's view of every partition")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="every selected partition in the contract's JSON shape")
+    s.add_argument("--regions", help="comma-separated region ids")
+    s.add_argument("--days", help="START..END (inclusive) or one day")
+    s.add_argument("--tier", type=int, help="only partitions at this tier (0-4)")
+    s.add_argument("--failed", action="store_true", help="only partitions with a FAILED phase")
+    s.add_argument("--limit", type=int, help="at most this many partitions")
     s.set_defaults(fn=cmd_status)
 
     u = sub.add_parser("ui", help="Dagster webserver and daemon on this instance")
@@ -302,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--rows-per-partition", type=int, default=200_000)
     be.add_argument("--seed", type=int, default=11)
     be.add_argument("--skip", default="", help="comma-separated measurements to leave out")
+    be.add_argument("--scale", action="store_true",
+                    help="instead: time status, status --json, report, a rerun and a sensor tick on a ledger of a "
+                         "year of 50 regions (real runs plus cloned rows)")
     be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)

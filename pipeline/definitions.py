@@ -28,7 +28,7 @@ from pipeline.schedules import SCHEDULES
 from pipeline.sensors import SENSORS
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 from resources.settings import load_settings
 

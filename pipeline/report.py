@@ -17,21 +17,34 @@ import io
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from assets.phases import PHASES, TIER_LABELS
-from pipeline.status import partition_status
+from pipeline.status import views
 from resources.ledger import Ledger
+from resources.ledger_views import (
+    AttentionRow,
+    EventRow,
+    GridCell,
+    PhaseCount,
+    PhaseDurations,
+    ReceiptCounts,
+    ReceiptRow,
+    RegionCounts,
+    StatusSummary,
+)
 
 PHASE_NAMES = tuple(p.name for p in PHASES)
+LAST_TIER = len(PHASES)
 TIER_COLORS = {0: "#bdbdbd", 1: "#d9f0d3", 2: "#a6dba0", 3: "#5aae61", 4: "#1b7837"}
 TIER_TEXT = {0: "#222", 1: "#222", 2: "#222", 3: "#fff", 4: "#fff"}
 STATUS_COLORS = {"COMPLETED": "#41ab5d", "PENDING": "#f4a331", "FAILED": "#d7191c", "NONE": "#e6e6e6"}
 FAILED_RED = "#d7191c"
 PENDING_ORANGE = "#e66101"
 MAX_ATTENTION_ROWS = 500
+WEEK_COLUMNS_AFTER = 120  # days on the heat map's axis beyond which its columns are weeks
 MAX_REVISION_ROWS = 40
 MAX_EVENT_ROWS = 25
 MAX_MESSAGE_CHARS = 600
@@ -41,23 +54,31 @@ STALE_PENDING = dt.timedelta(minutes=15)  # a PENDING head untouched this long p
 # ---- data -------------------------------------------------------------------------------------
 @dataclass
 class ReportData:
+    """Everything the page shows, each part already aggregated by the ledger's views."""
+
     now: dt.datetime
-    partitions: list[dict[str, Any]]                       # contract section 8 entries
-    heads: dict[tuple[str, str], dict[str, Any]]           # (partition_key, phase) -> head row
+    summary: StatusSummary
+    grid: list[GridCell]
+    phase_counts: list[PhaseCount]
+    attention_total: int
+    attention: list[AttentionRow]
+    regions: list[RegionCounts]
     region_names: dict[str, str]
-    last_event: dict[str, Any] | None
-    last_delivery_at: dt.datetime | None
     event_counts: dict[tuple[str, str], int]               # (phase, status) -> events
-    durations: dict[str, dict[str, Any]]                   # phase -> {n, p50, p90, max, failed}
-    receipt_counts: list[dict[str, Any]]
-    revisions: list[dict[str, Any]]
-    recent_events: list[dict[str, Any]]
-    tiers: Counter = field(default_factory=Counter)
+    durations: dict[str, PhaseDurations]
+    receipt_counts: list[ReceiptCounts]
+    revisions: list[ReceiptRow]
+    recent_events: list[EventRow]
+    last_delivery_at: dt.datetime | None
 
     @property
     def last_activity(self) -> dt.datetime | None:
-        times = [t for t in ((self.last_event or {}).get("at"), self.last_delivery_at) if t is not None]
+        last_event = self.recent_events[0].at if self.recent_events else None
+        times = [t for t in (last_event, self.last_delivery_at) if t is not None]
         return max(times) if times else None
+
+    def heads(self, status: str) -> int:
+        return sum(c.heads for c in self.phase_counts if c.status == status)
 
 
 def _region_names() -> dict[str, str]:
@@ -72,64 +93,25 @@ def _region_names() -> dict[str, str]:
 
 
 def collect(ledger: Ledger) -> ReportData:
-    """Everything the page shows, read from the ledger in a handful of queries."""
-    partitions = partition_status(ledger)
-    head_rows = ledger.query(
-        "SELECT partition_key, region_id, day, phase, status, attempt, run_id, error_class, error_message,"
-        " created_at, updated_at, completed_at FROM checkpoints WHERE superseded_at IS NULL"
-    )
-    heads = {(r["partition_key"], r["phase"]): r for r in head_rows}
-    last = ledger.query(
-        "SELECT event_id, partition_key, phase, status, run_id, at FROM checkpoint_events"
-        " ORDER BY event_id DESC LIMIT %s", (MAX_EVENT_ROWS,)
-    )
-    counts = ledger.query("SELECT phase, status, count(*) AS n FROM checkpoint_events GROUP BY phase, status")
-    # An attempt runs from its claim (PENDING event) to its COMPLETED or FAILED event, same seq.
-    durations = ledger.query(
-        "SELECT e.phase,"
-        " count(*) FILTER (WHERE e.status = 'COMPLETED') AS n,"
-        " count(*) FILTER (WHERE e.status = 'FAILED') AS failed,"
-        " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
-        "   FILTER (WHERE e.status = 'COMPLETED') AS p50,"
-        " percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
-        "   FILTER (WHERE e.status = 'COMPLETED') AS p90,"
-        " max(extract(epoch FROM e.at - p.at)) FILTER (WHERE e.status = 'COMPLETED') AS max"
-        " FROM checkpoint_events e JOIN checkpoint_events p"
-        "   ON p.checkpoint_id = e.checkpoint_id AND p.seq = e.seq AND p.status = 'PENDING'"
-        " WHERE e.status IN ('COMPLETED', 'FAILED') GROUP BY e.phase"
-    )
-    receipt_counts = ledger.query(
-        "SELECT target, kind,"
-        " count(*) FILTER (WHERE status = 'DELIVERED') AS delivered,"
-        " count(*) FILTER (WHERE status = 'PENDING') AS pending,"
-        " count(*) FILTER (WHERE supersedes IS NOT NULL) AS revisions,"
-        " coalesce(sum(attempts), 0) AS attempts,"
-        " count(*) FILTER (WHERE last_error IS NOT NULL) AS with_error,"
-        " max(delivered_at) AS last_delivered"
-        " FROM receipts GROUP BY target, kind ORDER BY target, kind"
-    )
-    revisions = ledger.query(
-        "SELECT artifact_id, target, region_id, day, kind, status, supersedes, attempts, last_error,"
-        " created_at, delivered_at FROM receipts"
-        " ORDER BY coalesce(delivered_at, created_at) DESC, artifact_id, target LIMIT %s",
-        (MAX_REVISION_ROWS,),
-    )
-    last_delivery = ledger.query("SELECT max(coalesce(delivered_at, created_at)) AS at FROM receipts")
-    data = ReportData(
+    """Everything the page shows, read from the ledger's views (a dozen aggregate queries)."""
+    v = views(ledger)
+    total, attention = v.attention(MAX_ATTENTION_ROWS)
+    return ReportData(
         now=dt.datetime.now(dt.UTC),
-        partitions=partitions,
-        heads=heads,
+        summary=v.summary(),
+        grid=v.grid(),
+        phase_counts=v.phase_counts(stale_after=STALE_PENDING),
+        attention_total=total,
+        attention=attention,
+        regions=v.regions(),
         region_names=_region_names(),
-        last_event=last[0] if last else None,
-        last_delivery_at=last_delivery[0]["at"] if last_delivery else None,
-        event_counts={(r["phase"], r["status"]): int(r["n"]) for r in counts},
-        durations={r["phase"]: r for r in durations},
-        receipt_counts=receipt_counts,
-        revisions=revisions,
-        recent_events=last,
+        event_counts=v.event_counts(),
+        durations=v.durations(),
+        receipt_counts=v.receipt_counts(),
+        revisions=v.latest_receipts(MAX_REVISION_ROWS),
+        recent_events=v.recent_events(MAX_EVENT_ROWS),
+        last_delivery_at=v.last_delivery_at(),
     )
-    data.tiers = Counter(p["tier"] for p in partitions)
-    return data
 
 
 # ---- pictures ---------------------------------------------------------------------------------
@@ -171,29 +153,49 @@ def _tick_step(n: int, room: int) -> int:
     return max(1, -(-n // room))
 
 
+def _columns(days: set[str]) -> tuple[list[str], dict[str, int], str]:
+    """The heat map's columns: one per day, or one per week (from Monday) when the days on the axis
+    are more than :data:`WEEK_COLUMNS_AFTER`. Returns (labels, day -> column, unit)."""
+    axis = _day_axis(days)
+    if len(axis) <= WEEK_COLUMNS_AFTER:
+        return axis, {d: i for i, d in enumerate(axis)}, "day"
+    dates = {d: dt.date.fromisoformat(d) for d in days}
+    first = min(dates.values())
+    monday = first - dt.timedelta(days=first.weekday())
+    index = {d: (date - monday).days // 7 for d, date in dates.items()}
+    labels = [(monday + dt.timedelta(weeks=i)).isoformat() for i in range(max(index.values()) + 1)]
+    return labels, index, "week"
+
+
 def heatmap_png(data: ReportData) -> bytes:
-    """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled."""
+    """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled.
+
+    A long range (a season, a year) shows weeks as columns: a cell is the lowest tier any day of
+    that week reached in that region, marked when any of its days has a failed or pending phase.
+    """
     import numpy as np
     from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    days = _day_axis({p["day"] for p in data.partitions})
-    regions = _region_axis({p["region"] for p in data.partitions}, data.region_names)
-    dx = {d: i for i, d in enumerate(days)}
+    days, dx, unit = _columns({c.day for c in data.grid})
+    regions = _region_axis({c.region for c in data.grid}, data.region_names)
     ry = {r: i for i, r in enumerate(regions)}
-    grid = np.full((len(regions), len(days)), -1, dtype=float)
-    failed_x, failed_y, pending_x, pending_y = [], [], [], []
-    for p in data.partitions:
-        x, y = dx[p["day"]], ry[p["region"]]
-        grid[y, x] = p["tier"]
-        statuses = {e["status"] for e in p["phases"].values()}
-        if "FAILED" in statuses:
-            failed_x.append(x)
-            failed_y.append(y)
-        elif "PENDING" in statuses:
-            pending_x.append(x)
-            pending_y.append(y)
+    xs = np.fromiter((dx[c.day] for c in data.grid), dtype=np.int64, count=len(data.grid))
+    ys = np.fromiter((ry[c.region] for c in data.grid), dtype=np.int64, count=len(data.grid))
+    tiers = np.fromiter((c.tier for c in data.grid), dtype=float, count=len(data.grid))
+    grid = np.full((len(regions), len(days)), np.inf)
+    np.minimum.at(grid, (ys, xs), tiers)
+    grid[np.isinf(grid)] = -1
+    failed = np.zeros(grid.shape, dtype=bool)
+    pending = np.zeros(grid.shape, dtype=bool)
+    fail = np.fromiter((c.failed for c in data.grid), dtype=bool, count=len(data.grid))
+    pend = np.fromiter((c.pending for c in data.grid), dtype=bool, count=len(data.grid))
+    failed[ys[fail], xs[fail]] = True
+    pending[ys[pend], xs[pend]] = True
+    pending &= ~failed
+    failed_y, failed_x = np.nonzero(failed)
+    pending_y, pending_x = np.nonzero(pending)
 
     nd, nr = len(days), len(regions)
     width = min(18.0, max(7.5, 2.8 + nd * 0.32))
@@ -212,10 +214,10 @@ def heatmap_png(data: ReportData) -> bytes:
     # marker size: about half a cell, in points squared
     cell_pt = min(width * 0.8 * 72 / max(nd, 1), height * 0.75 * 72 / max(nr, 1))
     size = max(4.0, (0.55 * cell_pt) ** 2)
-    if failed_x:
+    if len(failed_x):
         ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
                    linewidths=0.6 if cell_pt > 8 else 0, zorder=3)
-    if pending_x:
+    if len(pending_x):
         ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
                    edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3)
 
@@ -231,9 +233,10 @@ def heatmap_png(data: ReportData) -> bytes:
     ax.set_yticks(range(0, nr, ystep), [regions[i] for i in range(0, nr, ystep)], fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.set_xlabel("day")
+    ax.set_xlabel("day" if unit == "day" else "week (from Monday)")
     ax.set_ylabel("region")
-    ax.set_title("Where every batch stands: tier reached per (day, region)", loc="left", fontsize=11)
+    ax.set_title("Where every batch stands: tier reached per (day, region)" if unit == "day" else
+                 "Where every batch stands: lowest tier reached in each week, per region", loc="left", fontsize=11)
 
     handles: list[Any] = [
         Patch(facecolor=TIER_COLORS[t], edgecolor="#999", label=f"{t} {TIER_LABELS[t]}") for t in range(5)
@@ -251,16 +254,15 @@ def heatmap_png(data: ReportData) -> bytes:
 def phases_png(data: ReportData) -> bytes:
     """Left: per phase, head checkpoints by status (stacked) and retried ones. Right: attempt times."""
     import numpy as np
-    total = len(data.partitions)
+    total = data.summary.partitions
     by_status = {s: [0] * len(PHASE_NAMES) for s in ("COMPLETED", "PENDING", "FAILED")}
     retried = [0] * len(PHASE_NAMES)
-    for (_, phase), row in data.heads.items():
-        if phase not in PHASE_NAMES:
+    for c in data.phase_counts:
+        if c.phase not in PHASE_NAMES:
             continue
-        i = PHASE_NAMES.index(phase)
-        by_status[row["status"]][i] += 1
-        if (row["attempt"] or 0) > 1:
-            retried[i] += 1
+        i = PHASE_NAMES.index(c.phase)
+        by_status[c.status][i] += c.heads
+        retried[i] += c.retried
     not_run = [total - sum(by_status[s][i] for s in by_status) for i in range(len(PHASE_NAMES))]
     skipped = [data.event_counts.get((ph, "SKIPPED"), 0) for ph in PHASE_NAMES]
 
@@ -305,20 +307,20 @@ def phases_png(data: ReportData) -> bytes:
     # right: time per attempt (claim -> COMPLETED)
     rows = [(ph, data.durations.get(ph)) for ph in PHASE_NAMES]
     y = np.arange(len(PHASE_NAMES))[::-1]
-    has_any = any(r and r["n"] for _, r in rows)
+    has_any = any(r and r.n for _, r in rows)
     if has_any:
-        p50 = np.array([float(r["p50"]) if r and r["p50"] is not None else 0.0 for _, r in rows])
-        p90 = np.array([float(r["p90"]) if r and r["p90"] is not None else 0.0 for _, r in rows])
-        mx = np.array([float(r["max"]) if r and r["max"] is not None else 0.0 for _, r in rows])
+        p50 = np.array([float(r.p50) if r and r.p50 is not None else 0.0 for _, r in rows])
+        p90 = np.array([float(r.p90) if r and r.p90 is not None else 0.0 for _, r in rows])
+        mx = np.array([float(r.max) if r and r.max is not None else 0.0 for _, r in rows])
         ax2.barh(y, p90, 0.55, color="#c6dbef", label="90th percentile")
         ax2.barh(y, p50, 0.55, color="#2171b5", label="median")
         ax2.scatter(mx, y, marker="|", s=220, color="#08306b", label="slowest", zorder=3)
         top = float(max(mx.max(), p90.max(), 1e-3))
         for i, (_, r) in enumerate(rows):
-            if r and r["n"]:
-                text = f"med {_fmt_secs(p50[i])}, n={r['n']}" + (f", {r['failed']} failed" if r["failed"] else "")
-            elif r and r["failed"]:
-                text = f"{r['failed']} failed, none completed"
+            if r and r.n:
+                text = f"med {_fmt_secs(p50[i])}, n={r.n}" + (f", {r.failed} failed" if r.failed else "")
+            elif r and r.failed:
+                text = f"{r.failed} failed, none completed"
             else:
                 text = "no finished attempt"
             ax2.annotate(text, (max(mx[i], p90[i]), y[i]), xytext=(6, 0), textcoords="offset points",
@@ -450,29 +452,29 @@ def _card(key: str, value: Any, cls: str = "", sub: str = "") -> str:
 
 
 def _headline(data: ReportData) -> str:
-    total = len(data.partitions)
-    failed = sum(1 for r in data.heads.values() if r["status"] == "FAILED")
-    pending = [r for r in data.heads.values() if r["status"] == "PENDING"]
-    stale = sum(1 for r in pending if r["updated_at"] is not None and data.now - r["updated_at"] > STALE_PENDING)
-    pending_receipts = sum(int(r["pending"]) for r in data.receipt_counts)
-    delivered = sum(int(r["delivered"]) for r in data.receipt_counts)
-    published = data.tiers.get(4, 0)
-    failed_parts = sum(1 for p in data.partitions if any(e["status"] == "FAILED" for e in p["phases"].values()))
+    total = data.summary.partitions
+    failed = data.heads("FAILED")
+    pending = data.heads("PENDING")
+    stale = sum(c.stale for c in data.phase_counts)
+    pending_receipts = sum(r.pending for r in data.receipt_counts)
+    delivered = sum(r.delivered for r in data.receipt_counts)
+    published = data.summary.by_tier[LAST_TIER]
+    failed_parts = data.summary.with_failure
     if failed_parts:
         verdict = (f"{failed_parts} of {total} partitions have a FAILED phase; "
                    f"{published} published.", "bad")
     elif published == total:
-        verdict = (f"All {total} partitions are published (tier 4).", "ok")
+        verdict = (f"All {total} partitions are published (tier {LAST_TIER}).", "ok")
     else:
         verdict = (f"{published} of {total} partitions published; {total - published} still on the way"
                    + (f" ({stale} PENDING phases untouched for over {STALE_PENDING.seconds // 60} min)" if stale else "")
                    + ".", "warn")
     cards = [_card("partitions", total)]
-    for t in range(5):
-        cards.append(_card(f"tier {t} · {TIER_LABELS[t]}", data.tiers.get(t, 0), "ok" if t == 4 and data.tiers.get(4) else ""))
+    for t in range(LAST_TIER + 1):
+        n = data.summary.by_tier[t]
+        cards.append(_card(f"tier {t} · {TIER_LABELS[t]}", n, "ok" if t == LAST_TIER and n else ""))
     cards.append(_card("failed phases", failed, "bad" if failed else ""))
-    cards.append(_card("pending phases", len(pending), "warn" if pending else "",
-                       f"{stale} stale" if stale else ""))
+    cards.append(_card("pending phases", pending, "warn" if pending else "", f"{stale} stale" if stale else ""))
     cards.append(_card("pending receipts", pending_receipts, "warn" if pending_receipts else "",
                        f"{delivered} delivered"))
     la = data.last_activity
@@ -481,84 +483,56 @@ def _headline(data: ReportData) -> str:
             f'<div class="cards">{"".join(cards)}</div></section>')
 
 
+def _attention_row(a: AttentionRow, now: dt.datetime) -> str:
+    stalled = ""
+    if a.state == "PENDING" and a.updated_at is not None:
+        stalled = f" · {_ago(a.updated_at, now)}" + (" (stale?)" if now - a.updated_at > STALE_PENDING else "")
+    msg = a.error_message or ""
+    if len(msg) > MAX_MESSAGE_CHARS:
+        msg = msg[:MAX_MESSAGE_CHARS] + f"… ({len(msg) - MAX_MESSAGE_CHARS} more characters)"
+    also = (' <span class=muted>(also failed: ' + _e(", ".join(a.also_failed)) + ")</span>") if a.also_failed else ""
+    state = _status_badge(a.state) if a.state in ("FAILED", "PENDING") else _e(a.state)
+    return (
+        f"<tr><td class=mono>{_e(a.day)}</td><td>{_e(a.region)}</td><td>{_tier_badge(a.tier)}</td>"
+        f"<td>{_e(a.phase)}{also}</td><td>{state}{_e(stalled)}</td>"
+        f"<td class=mono>{_e(a.error_class or '')}</td><td class=msg>{_e(msg)}</td>"
+        f"<td class=num>{_e(a.attempts if a.attempts is not None else '')}</td>"
+        f"<td class=mono>{_e(a.run_id or '')}</td></tr>"
+    )
+
+
 def _attention(data: ReportData) -> str:
-    rows: list[tuple[tuple[Any, ...], str]] = []
-    for p in data.partitions:
-        failed_phases = [ph for ph in PHASE_NAMES if p["phases"].get(ph, {}).get("status") == "FAILED"]
-        if p["tier"] == 4 and not failed_phases:
-            continue
-        key = f"{p['day']}|{p['region']}"
-        # the phase the partition is held at: the first failed one, else the one after its tier
-        phase = failed_phases[0] if failed_phases else PHASE_NAMES[min(p["tier"], len(PHASE_NAMES) - 1)]
-        entry = p["phases"].get(phase)
-        head = data.heads.get((key, phase))
-        if entry is None:
-            state, rank = "not run", 3
-        elif entry["status"] == "COMPLETED":
-            state, rank = "stale (upstream changed)", 2
-        else:
-            state, rank = entry["status"], 0 if entry["status"] == "FAILED" else 1
-        stalled = ""
-        if head is not None and head["status"] == "PENDING" and head["updated_at"] is not None:
-            age = data.now - head["updated_at"]
-            stalled = f" · {_ago(head['updated_at'], data.now)}" + (" (stale?)" if age > STALE_PENDING else "")
-        last_run = head["run_id"] if head else None
-        if last_run is None:
-            runs = [h for ph in PHASE_NAMES if (h := data.heads.get((key, ph))) is not None]
-            if runs:
-                last_run = max(runs, key=lambda h: h["updated_at"])["run_id"]
-        msg = (head or {}).get("error_message") or ""
-        if len(msg) > MAX_MESSAGE_CHARS:
-            msg = msg[:MAX_MESSAGE_CHARS] + f"… ({len(msg) - MAX_MESSAGE_CHARS} more characters)"
-        also = [ph for ph in failed_phases if ph != phase]
-        html_row = (
-            f"<tr><td class=mono>{_e(p['day'])}</td><td>{_e(p['region'])}</td><td>{_tier_badge(p['tier'])}</td>"
-            f"<td>{_e(phase)}{(' <span class=muted>(also failed: ' + _e(', '.join(also)) + ')</span>') if also else ''}</td>"
-            f"<td>{_status_badge(state) if state in ('FAILED', 'PENDING') else _e(state)}{_e(stalled)}</td>"
-            f"<td class=mono>{_e((head or {}).get('error_class') or '')}</td>"
-            f"<td class=msg>{_e(msg)}</td>"
-            f"<td class=num>{_e(entry['attempts'] if entry else '')}</td>"
-            f"<td class=mono>{_e(last_run or '')}</td></tr>"
-        )
-        rows.append(((rank, p["tier"], p["day"], p["region"]), html_row))
-    if not rows:
+    if not data.attention_total:
         return ('<section id="attention"><h2>Partitions needing attention</h2>'
-                '<p class="note">None: every partition is at tier 4 with no failed phase.</p></section>')
-    rows.sort(key=lambda r: r[0])
-    shown = rows[:MAX_ATTENTION_ROWS]
-    more = (f'<p class="note">… and {len(rows) - len(shown)} more (failed first, then pending, stale, not run).</p>'
-            if len(rows) > len(shown) else "")
+                f'<p class="note">None: every partition is at tier {LAST_TIER} with no failed phase.</p></section>')
+    shown = len(data.attention)
+    more = (f'<p class="note">… and {data.attention_total - shown} more (failed first, then pending, stale, not run;'
+            " <span class=mono>stormlake status --failed</span> or <span class=mono>--tier N</span> lists them).</p>"
+            if data.attention_total > shown else "")
     return (
         '<section id="attention"><h2>Partitions needing attention</h2>'
-        f'<p class="note">{len(rows)} partitions are not at tier 4 or have a failed phase. '
+        f'<p class="note">{data.attention_total} partitions are not at tier {LAST_TIER} or have a failed phase. '
         'Each row names the phase the partition is held at.</p>'
         '<div class="scroll"><table><thead><tr><th>day</th><th>region</th><th>tier</th><th>held at phase</th>'
         '<th>state</th><th>error class</th><th>message</th><th class=num>attempts</th><th>last run id</th></tr>'
-        f'</thead><tbody>{"".join(r[1] for r in shown)}</tbody></table></div>{more}</section>'
+        f'</thead><tbody>{"".join(_attention_row(a, data.now) for a in data.attention)}</tbody></table></div>'
+        f"{more}</section>"
     )
 
 
 def _regions_table(data: ReportData) -> str:
-    per: dict[str, Counter] = {}
-    for p in data.partitions:
-        c = per.setdefault(p["region"], Counter())
-        c["partitions"] += 1
-        c[f"t{p['tier']}"] += 1
-        statuses = [e["status"] for e in p["phases"].values()]
-        c["failed"] += "FAILED" in statuses
-        c["pending"] += "PENDING" in statuses
-    order = _region_axis(set(per), data.region_names)
+    per = {r.region: r for r in data.regions}
     body = []
-    for rid in order:
+    for rid in _region_axis(set(per), data.region_names):
         c = per[rid]
-        name = data.region_names.get(rid, "")
-        cells = "".join(f"<td class=num>{c.get(f't{t}', 0) or ''}</td>" for t in range(5))
+        cells = "".join(f"<td class=num>{c.by_tier[t] or ''}</td>" for t in range(LAST_TIER + 1))
         body.append(
-            f"<tr><td class=mono>{_e(rid)}</td><td>{_e(name)}</td><td class=num>{c['partitions']}</td>{cells}"
-            f"<td class=num>{_count_badge(c['failed'], 'bad')}</td>"
-            f"<td class=num>{c['pending'] or ''}</td></tr>"
+            f"<tr><td class=mono>{_e(rid)}</td><td>{_e(data.region_names.get(rid, ''))}</td>"
+            f"<td class=num>{c.partitions}</td>{cells}"
+            f"<td class=num>{_count_badge(c.with_failure, 'bad')}</td>"
+            f"<td class=num>{c.with_pending or ''}</td></tr>"
         )
-    heads = "".join(f"<th class=num>{t} {_e(TIER_LABELS[t])}</th>" for t in range(5))
+    heads = "".join(f"<th class=num>{t} {_e(TIER_LABELS[t])}</th>" for t in range(LAST_TIER + 1))
     return (
         '<section id="regions"><h2>Per region</h2><div class="scroll"><table><thead><tr><th>region</th><th>name</th>'
         f'<th class=num>partitions</th>{heads}<th class=num>with failure</th><th class=num>with pending</th></tr>'
@@ -571,26 +545,26 @@ def _deliveries(data: ReportData) -> str:
         return ('<section id="deliveries"><h2>Deliveries</h2>'
                 '<p class="note">No receipts yet: nothing has been delivered or prepared for delivery.</p></section>')
     rows = "".join(
-        f"<tr><td>{_e(r['target'])}</td><td class=mono>{_e(r['kind'])}</td>"
-        f"<td class=num>{r['delivered']}</td>"
-        f"<td class=num>{_count_badge(r['pending'], 'warn') or 0}</td>"
-        f"<td class=num>{r['revisions']}</td><td class=num>{r['attempts']}</td>"
-        f"<td class=num>{r['with_error'] or ''}</td><td>{_e(_fmt_time(r['last_delivered']))}</td></tr>"
+        f"<tr><td>{_e(r.target)}</td><td class=mono>{_e(r.kind)}</td>"
+        f"<td class=num>{r.delivered}</td>"
+        f"<td class=num>{_count_badge(r.pending, 'warn') or 0}</td>"
+        f"<td class=num>{r.revisions}</td><td class=num>{r.attempts}</td>"
+        f"<td class=num>{r.with_error or ''}</td><td>{_e(_fmt_time(r.last_delivered))}</td></tr>"
         for r in data.receipt_counts
     )
     totals: Counter = Counter()
     for r in data.receipt_counts:
-        totals[(r["target"], "DELIVERED")] += int(r["delivered"])
-        totals[(r["target"], "PENDING")] += int(r["pending"])
+        totals[(r.target, "DELIVERED")] += r.delivered
+        totals[(r.target, "PENDING")] += r.pending
     targets = sorted({t for t, _ in totals})
     summary = " · ".join(
         f"{_e(t)}: {totals[(t, 'DELIVERED')]} delivered, {totals[(t, 'PENDING')]} pending" for t in targets
     )
     revs = "".join(
-        f"<tr><td class=mono>{_e(r['artifact_id'])}</td><td>{_e(r['target'])}</td>"
-        f"<td>{_status_badge(r['status'])}</td><td class=mono>{_e(r['supersedes'] or '—')}</td>"
-        f"<td class=num>{r['attempts']}</td><td class=msg>{_e((r['last_error'] or '')[:MAX_MESSAGE_CHARS])}</td>"
-        f"<td>{_e(_fmt_time(r['delivered_at'] or r['created_at']))}</td></tr>"
+        f"<tr><td class=mono>{_e(r.idempotency_key)}</td><td>{_e(r.target)}</td>"
+        f"<td>{_status_badge(r.status)}</td><td class=mono>{_e(r.supersedes or '—')}</td>"
+        f"<td class=num>{r.attempts}</td><td class=msg>{_e((r.last_error or '')[:MAX_MESSAGE_CHARS])}</td>"
+        f"<td>{_e(_fmt_time(r.delivered_at or r.created_at))}</td></tr>"
         for r in data.revisions
     )
     return (
@@ -609,9 +583,9 @@ def _deliveries(data: ReportData) -> str:
 
 def _recent(data: ReportData) -> str:
     rows = "".join(
-        f"<tr><td class=num>{r['event_id']}</td><td>{_e(_fmt_time(r['at']))}</td>"
-        f"<td class=mono>{_e(r['partition_key'])}</td><td>{_e(r['phase'])}</td><td>{_status_badge(r['status'])}</td>"
-        f"<td class=mono>{_e(r['run_id'] or '')}</td></tr>"
+        f"<tr><td class=num>{r.event_id}</td><td>{_e(_fmt_time(r.at))}</td>"
+        f"<td class=mono>{_e(r.partition_key)}</td><td>{_e(r.phase)}</td><td>{_status_badge(r.status)}</td>"
+        f"<td class=mono>{_e(r.run_id or '')}</td></tr>"
         for r in data.recent_events
     )
     return (
@@ -622,16 +596,10 @@ def _recent(data: ReportData) -> str:
     )
 
 
-def render_report(ledger: Ledger) -> str:
-    """The page as a string (see :func:`write_report`)."""
-    html_text, _ = render_report_with_images(ledger)
-    return html_text
-
-
 def render_report_with_images(ledger: Ledger) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
     data = collect(ledger)
-    if not data.partitions:
+    if not data.summary.partitions:
         body = (
             '<section><div class="empty"><strong>Nothing has run yet.</strong><br>The ledger holds no checkpoint:'
             " run <span class=mono>stormlake demo</span> or <span class=mono>stormlake backfill</span>,"
@@ -641,9 +609,8 @@ def render_report_with_images(ledger: Ledger) -> tuple[str, dict[str, bytes]]:
             body += _deliveries(data)
         return _page("nothing has run yet", body, data.now), {}
     images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)}
-    days = sorted({p["day"] for p in data.partitions})
-    note = (f"{len(data.partitions)} partitions, {len({p['region'] for p in data.partitions})} regions, "
-            f"days {days[0]} … {days[-1]}")
+    days = sorted({c.day for c in data.grid})
+    note = (f"{data.summary.partitions} partitions, {len(data.regions)} regions, days {days[0]} … {days[-1]}")
     body = "\n".join([
         _headline(data),
         '<section id="heatmap"><h2>Tier by day and region</h2><p class="note">Each cell is one partition, coloured'

@@ -25,6 +25,10 @@
     the remaining phase assets for the partition with the run key ``outbox:<event id>``. While
     the producing run is still in progress the event is kept pending in the cursor and looked at
     again on the next tick. FAILED events are only reported: retrying is the run-retry policy's job.
+    Each tick records in the ledger (``event_readers``, reader ``outbox_sensor``) how far it has
+    read: the position of the cursor the tick started from, which Dagster has stored, less any
+    event still pending in it. ``stormlake prune`` never deletes an event after that position, so
+    a cursor that was not stored (a tick that died) is read again from events that still exist.
 
 Both are STOPPED by default (turn them on in the UI under Automation, or with
 ``dagster sensor start landing_sensor -m pipeline.definitions``): a fresh install should not launch
@@ -48,11 +52,13 @@ from pipeline.jobs import storm_job
 from pipeline.schedules import LAUNCHED_BY
 from resources.lake import LakeResource
 from resources.landing import Landing, LandingResource
-from resources.ledger import Event, Ledger, LedgerResource
+from resources.ledger import Event, Ledger
+from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 SENSOR_INTERVAL_S = 30
 OUTBOX_BATCH = 500
+OUTBOX_READER = "outbox_sensor"  # its name in the ledger's event_readers
 NEXT_PHASE = {a.name: b for a, b in zip(PHASES, PHASES[1:], strict=False)}
 
 
@@ -189,6 +195,10 @@ class OutboxCursor:
         pending = {k: Pending(**v) for k, v in (data.get("pending") or {}).items()}
         return cls(int(data.get("after", 0)), pending)
 
+    def read_up_to(self) -> int:
+        """Every event up to this id was read and decided; a pending one is still to be looked at."""
+        return min([self.after, *(p.event_id - 1 for p in (self.pending or {}).values())])
+
     def dump(self) -> str:
         return json.dumps({"after": self.after, "pending": {k: asdict(v) for k, v in sorted((self.pending or {}).items())}},
                           sort_keys=True, separators=(",", ":"))
@@ -233,7 +243,12 @@ def continuation_request(p: Pending) -> dg.RunRequest:
 
 def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: OutboxCursor, *,
                     batch: int = OUTBOX_BATCH) -> OutboxDecision:
-    """One tick of the outbox: read new events, decide which partitions to continue."""
+    """One tick of the outbox: read new events, decide which partitions to continue.
+
+    ``cursor`` is the stored one (the previous tick's result): its position is recorded in the
+    ledger first, so that pruning keeps every event this tick and the next ones may read.
+    """
+    ledger.record_reader(OUTBOX_READER, cursor.read_up_to())
     events = ledger.events_since(cursor.after, limit=batch)
     lines: list[str] = []
     candidates: dict[str, Pending] = dict(cursor.pending or {})

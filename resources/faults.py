@@ -25,6 +25,10 @@ POINTS = (
     "after_checkpoint",  # the checkpoint is COMPLETED
     "after_pending",  # a receipt is PENDING, the artifact not yet delivered
     "after_delivery",  # the artifact was delivered, the receipt not yet DELIVERED
+    # An outside call (a Delta commit, a delivery) was made and recorded, the checkpoint not yet
+    # committed. Fires after each call an attempt makes itself, never after one answered from the
+    # record, so the same fault set on every retry moves one call further each time.
+    "after_call",
 )
 EXIT_CODE = 137
 

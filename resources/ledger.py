@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import dagster as dg
 import psycopg
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
@@ -58,6 +57,10 @@ _TRANSIENT = (
 
 
 def idempotency_key(partition_key: str, phase: str, input_hash: str) -> str:
+    """An attempt's identity: lowercase hex sha256 of ``partition|phase|input hash`` in UTF-8.
+
+    The table's CHECK (migration 002) computes the same in SQL and refuses any other value.
+    """
     return hashlib.sha256(f"{partition_key}|{phase}|{input_hash}".encode()).hexdigest()
 
 
@@ -101,10 +104,18 @@ class Checkpoint:
     superseded_at: Any
 
 
+def receipt_key(artifact_id: str, generation: int) -> str:
+    """A delivery's idempotency key: the artifact id, and its generation from the second on."""
+    return artifact_id if generation == 1 else f"{artifact_id}#{generation}"
+
+
 @dataclass(frozen=True)
 class Receipt:
     artifact_id: str
     target: str
+    generation: int
+    idempotency_key: str
+    receipt_id: int
     partition_key: str
     region_id: str
     day: str
@@ -138,6 +149,32 @@ class Event:
     run_id: str | None
     detail: dict[str, Any]
     at: Any
+
+
+@dataclass(frozen=True)
+class EventReader:
+    """A reader of the checkpoint events (the outbox sensor) and how far it has read."""
+
+    name: str
+    after_event_id: int
+    updated_at: Any
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What :meth:`Ledger.prune` deleted, and which old events it kept and why."""
+
+    checkpoints: int  # superseded checkpoints deleted
+    events: int  # checkpoint events deleted
+    receipts: int  # receipts deleted (a later revision of their slot was delivered)
+    old_events_kept_current: int  # events past the cutoff kept: they belong to a head checkpoint
+    old_events_kept_unread: int  # events past the cutoff kept: not read by every reader (or no reader known)
+    readers: list[EventReader]  # the recorded readers, lowest position first
+
+    @property
+    def read_up_to(self) -> int | None:
+        """The lowest recorded reader position; None when no reader recorded one."""
+        return self.readers[0].after_event_id if self.readers else None
 
 
 @dataclass
@@ -290,6 +327,25 @@ class Ledger:
             what="read the schema version",
         )
 
+    def read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """Run the read-only ``fn(conn)`` on a pooled connection, retrying transient errors.
+
+        The typed reads of :mod:`resources.ledger_views` go through here.
+        """
+        return self._run(fn, what=what, single=True)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection of one's own for a while (a streaming read); no retries."""
+        self._ensure_open()
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except _TRANSIENT as exc:
+            raise LedgerUnavailable(
+                f"ledger unreachable while reading ({exc.__class__.__name__}); check that PostgreSQL is running,"
+                " then run again") from exc
+
     # ---- checkpoints ------------------------------------------------------------------
     @staticmethod
     def _head_txn(conn: psycopg.Connection, partition_key: str, phase: str, *, lock: bool) -> Checkpoint | None:
@@ -298,6 +354,14 @@ class Ledger:
             q += " FOR UPDATE"
         with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
             return cur.execute(q, (partition_key, phase)).fetchone()
+
+    @staticmethod
+    def _live_txn(conn: psycopg.Connection, key: str) -> Checkpoint | None:
+        """The live checkpoint with this idempotency key (served by the unique index on live keys)."""
+        with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+            return cur.execute(
+                "SELECT * FROM checkpoints WHERE idempotency_key = %s AND superseded_at IS NULL", (key,)
+            ).fetchone()
 
     def head(self, partition_key: str, phase: str) -> Checkpoint | None:
         return self._run(lambda c: self._head_txn(c, partition_key, phase, lock=False), what="read a checkpoint", single=True)
@@ -332,22 +396,33 @@ class Ledger:
                schema_version: int, code_version: str, run_id: str | None, claim: bool) -> Decision:
         """Skip when the head is COMPLETED for this input hash and schema version; else claim.
 
-        With ``claim=False`` only the skip test is made (a cheap look before taking the lease).
-        A skip is recorded as a SKIPPED event; the COMPLETED checkpoint itself is untouched.
+        The head is found by the attempt's identity, its idempotency key (partition, phase, input
+        hash), which names at most one live checkpoint (a unique index). With ``claim=False``
+        only the skip test is made (a cheap look before taking the lease): one index lookup by
+        key, and the (partition, phase) head only when no live row has the key. With
+        ``claim=True`` the (partition, phase) head is locked, since it is the row a new input
+        hash supersedes, and it is this attempt's own when it carries the key. A skip is
+        recorded as a SKIPPED event; the COMPLETED checkpoint itself is untouched.
         """
+        key = idempotency_key(partition_key, phase, input_hash)
 
         def txn(conn: psycopg.Connection) -> Decision:
-            head = self._head_txn(conn, partition_key, phase, lock=claim)
-            if (head is not None and head.status == "COMPLETED" and head.input_hash == input_hash
-                    and head.schema_version == schema_version):
+            if claim:
+                head = self._head_txn(conn, partition_key, phase, lock=True)
+                own = head if head is not None and head.idempotency_key == key else None
+            else:
+                own = head = self._live_txn(conn, key)
+            if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
                 if claim:
-                    self._event_txn(conn, head, "SKIPPED", run_id)
-                return Decision(skip=True, head=head)
+                    self._event_txn(conn, own, "SKIPPED", run_id)
+                return Decision(skip=True, head=own)
             if not claim:
+                if head is None:
+                    head = self._head_txn(conn, partition_key, phase, lock=False)
                 return Decision(skip=False, head=head)
             seq = conn.execute("SELECT nextval('checkpoint_seq')").fetchone()[0]
             with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
-                if head is not None and head.input_hash == input_hash and head.schema_version == schema_version:
+                if own is not None and own.schema_version == schema_version:
                     # Same work, earlier attempt failed or died: take it over with a new token.
                     cp = cur.execute(
                         "UPDATE checkpoints SET status = 'PENDING', seq = %s, attempt = attempt + 1,"
@@ -362,8 +437,7 @@ class Ledger:
                         "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
                         " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
                         " VALUES (%s,%s,%s,%s,%s,%s,'PENDING',%s,%s,%s,%s,%s) RETURNING *",
-                        (partition_key, region_id, day, phase, input_hash,
-                         idempotency_key(partition_key, phase, input_hash), schema_version, code_version,
+                        (partition_key, region_id, day, phase, input_hash, key, schema_version, code_version,
                          seq, seq, run_id),
                     ).fetchone()
             assert cp is not None
@@ -522,67 +596,83 @@ class Ledger:
     def prepare_receipt(self, *, artifact_id: str, target: str, partition_key: str, region_id: str, day: str,
                         kind: str, content_hash: str, size_bytes: int, target_ref: str,
                         checkpoint_id: int | None) -> Receipt:
-        """Insert the receipt PENDING (committed before any side effect) or return the existing one.
+        """The receipt of delivering ``artifact_id`` to ``target`` now: inserted PENDING and committed
+        before any side effect, or the one already there.
 
-        ``supersedes`` names the last DELIVERED revision of the same (region, day, kind, target).
+        The last receipt of the slot (region, day, kind, target) says what the target was last
+        sent. If it is this artifact, it is returned as it stands: DELIVERED means nothing to do,
+        PENDING means deliver again under the same key. Otherwise a new generation of this
+        artifact's receipt is made, so that a partition whose inputs went A -> B -> A ends on A
+        again (under the key ``<artifact id>#<generation>``, since A's own key was used before);
+        a PENDING receipt of another artifact it overtakes becomes SUPERSEDED. ``supersedes``
+        names the last DELIVERED revision of the slot.
         """
 
+        slot = (region_id, day, kind, target)
+
         def txn(conn: psycopg.Connection) -> Receipt:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("stormlake-receipt-slot", *slot),))
             with conn.cursor(row_factory=class_row(Receipt)) as cur:
-                existing = cur.execute(
-                    "SELECT * FROM receipts WHERE artifact_id = %s AND target = %s", (artifact_id, target)
+                last = cur.execute(
+                    "SELECT * FROM receipts WHERE region_id = %s AND day = %s AND kind = %s AND target = %s"
+                    " ORDER BY receipt_id DESC LIMIT 1", slot,
                 ).fetchone()
-                if existing is not None:
-                    return existing
+                if last is not None and last.artifact_id == artifact_id:
+                    return last
+                if last is not None and last.status == "PENDING":
+                    conn.execute("UPDATE receipts SET status = 'SUPERSEDED' WHERE receipt_id = %s", (last.receipt_id,))
                 prev = conn.execute(
                     "SELECT artifact_id FROM receipts WHERE region_id = %s AND day = %s AND kind = %s"
                     " AND target = %s AND status = 'DELIVERED' AND artifact_id <> %s"
-                    " ORDER BY delivered_at DESC LIMIT 1",
-                    (region_id, day, kind, target, artifact_id),
+                    " ORDER BY receipt_id DESC LIMIT 1",
+                    (*slot, artifact_id),
                 ).fetchone()
+                generation = conn.execute(
+                    "SELECT coalesce(max(generation), 0) + 1 FROM receipts WHERE artifact_id = %s AND target = %s",
+                    (artifact_id, target),
+                ).fetchone()[0]
                 rec = cur.execute(
-                    "INSERT INTO receipts (artifact_id, target, partition_key, region_id, day, kind, content_hash,"
-                    " size_bytes, target_ref, status, supersedes, checkpoint_id)"
-                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,'PENDING',%s,%s)"
-                    " ON CONFLICT (artifact_id, target) DO NOTHING RETURNING *",
-                    (artifact_id, target, partition_key, region_id, day, kind, content_hash, size_bytes,
-                     target_ref, prev[0] if prev else None, checkpoint_id),
+                    "INSERT INTO receipts (artifact_id, target, generation, idempotency_key, partition_key,"
+                    " region_id, day, kind, content_hash, size_bytes, target_ref, status, supersedes, checkpoint_id)"
+                    " VALUES (%(artifact)s, %(target)s, %(generation)s, %(key)s, %(partition)s, %(region)s, %(day)s,"
+                    " %(kind)s, %(content)s, %(size)s, %(ref)s, 'PENDING', %(supersedes)s, %(checkpoint)s)"
+                    " RETURNING *",
+                    {"artifact": artifact_id, "target": target, "generation": generation,
+                     "key": receipt_key(artifact_id, generation), "partition": partition_key, "region": region_id,
+                     "day": day, "kind": kind, "content": content_hash, "size": size_bytes, "ref": target_ref,
+                     "supersedes": prev[0] if prev else None, "checkpoint": checkpoint_id},
                 ).fetchone()
-                if rec is None:  # inserted concurrently by another attempt
-                    rec = cur.execute(
-                        "SELECT * FROM receipts WHERE artifact_id = %s AND target = %s", (artifact_id, target)
-                    ).fetchone()
                 assert rec is not None
                 return rec
 
         return self._run(txn, what=f"record the receipt of {artifact_id}")
 
-    def note_delivery_attempt(self, artifact_id: str, target: str, error: str | None) -> None:
+    def note_delivery_attempt(self, receipt: Receipt, error: str | None) -> None:
         self._run(
             lambda c: c.execute(
-                "UPDATE receipts SET attempts = attempts + 1, last_error = %s WHERE artifact_id = %s AND target = %s",
-                (error, artifact_id, target),
+                "UPDATE receipts SET attempts = attempts + 1, last_error = %s WHERE receipt_id = %s",
+                (error, receipt.receipt_id),
             ),
-            what=f"note a delivery attempt of {artifact_id}",
+            what=f"note a delivery attempt of {receipt.idempotency_key}",
         )
 
-    def mark_delivered(self, artifact_id: str, target: str, response: dict[str, Any]) -> None:
+    def mark_delivered(self, receipt: Receipt, response: dict[str, Any]) -> None:
         self._run(
             lambda c: c.execute(
                 "UPDATE receipts SET status = 'DELIVERED', delivered_at = coalesce(delivered_at, now()),"
-                " response = %s, last_error = NULL WHERE artifact_id = %s AND target = %s",
-                (Jsonb(response), artifact_id, target),
+                " response = %s, last_error = NULL WHERE receipt_id = %s",
+                (Jsonb(response), receipt.receipt_id),
             ),
-            what=f"mark {artifact_id} delivered",
+            what=f"mark {receipt.idempotency_key} delivered",
         )
 
     def receipts(self, *, partition_key: str | None = None) -> list[Receipt]:
         def q(conn: psycopg.Connection) -> list[Receipt]:
             with conn.cursor(row_factory=class_row(Receipt)) as cur:
                 if partition_key is None:
-                    return cur.execute("SELECT * FROM receipts ORDER BY day, region_id, created_at, kind, target").fetchall()
+                    return cur.execute("SELECT * FROM receipts ORDER BY day, region_id, receipt_id").fetchall()
                 return cur.execute(
-                    "SELECT * FROM receipts WHERE partition_key = %s ORDER BY created_at, kind, target",
+                    "SELECT * FROM receipts WHERE partition_key = %s ORDER BY receipt_id",
                     (partition_key,),
                 ).fetchall()
 
@@ -619,18 +709,67 @@ class Ledger:
 
         return self._run(q, what="read the ledger", single=True)
 
-    def prune(self, *, older_than_days: int, keep_days_from: str | None) -> dict[str, int]:
-        """Delete history older than the window: superseded checkpoints and old events.
+    def record_reader(self, name: str, after_event_id: int) -> None:
+        """Record that reader ``name`` has read every checkpoint event up to ``after_event_id``.
 
-        Never deletes a head checkpoint, and never a receipt (or the checkpoint it names) whose
-        day is on or after ``keep_days_from`` (the start of the backfill window).
+        Written only when the position moved (backwards too: a reader whose cursor was reset
+        reads again from there). :meth:`prune` keeps every event after the lowest position.
+        Not made durable on its own: a position lost with a server crash is an older one,
+        which only keeps more.
+        """
+        self._run(
+            lambda c: c.execute(
+                "INSERT INTO event_readers (name, after_event_id) VALUES (%s, %s)"
+                " ON CONFLICT (name) DO UPDATE SET after_event_id = EXCLUDED.after_event_id, updated_at = now()"
+                " WHERE event_readers.after_event_id IS DISTINCT FROM EXCLUDED.after_event_id",
+                (name, int(after_event_id)),
+            ),
+            what=f"record how far {name} read the checkpoint events",
+            single=True,
+        )
+
+    def event_readers(self) -> list[EventReader]:
+        def q(conn: psycopg.Connection) -> list[EventReader]:
+            with conn.cursor(row_factory=class_row(EventReader)) as cur:
+                return cur.execute("SELECT name, after_event_id, updated_at FROM event_readers ORDER BY name").fetchall()
+
+        return self._run(q, what="read the event readers", single=True)
+
+    _PRUNE_EVENTS_SQL = (
+        "WITH old AS ("
+        " SELECT e.event_id, coalesce(e.event_id <= %(upto)s, false) AS read,"
+        "  EXISTS (SELECT 1 FROM checkpoints c WHERE c.id = e.checkpoint_id AND c.superseded_at IS NULL) AS current"
+        " FROM checkpoint_events e WHERE e.at < now() - %(cutoff)s::interval"
+        "), del AS ("
+        " DELETE FROM checkpoint_events e USING old"
+        "  WHERE e.event_id = old.event_id AND old.read AND NOT old.current RETURNING 1"
+        ") SELECT (SELECT count(*) FROM del) AS deleted,"
+        " count(*) FILTER (WHERE current) AS kept_current,"
+        " count(*) FILTER (WHERE NOT current AND NOT read) AS kept_unread FROM old"
+    )
+
+    def prune(self, *, older_than_days: int, keep_days_from: str | None) -> PruneResult:
+        """Delete history older than the window: superseded checkpoints, old events and receipts.
+
+        Never deletes a head checkpoint, nor an event of one (its attempts, completion and skips
+        are what status and the report show of it), nor an event some reader of the outbox has
+        not read yet: every event after the lowest position in ``event_readers``, and every
+        event at all while no reader has recorded a position. Never deletes a receipt (or the
+        checkpoint it names) whose day is on or after ``keep_days_from`` (the start of the
+        backfill window); before it, a receipt goes only when a later receipt of the same slot
+        (region, day, kind, target) was DELIVERED, so the revision a target holds stays.
         """
 
-        def txn(conn: psycopg.Connection) -> dict[str, int]:
+        def txn(conn: psycopg.Connection) -> PruneResult:
             cutoff = f"{int(older_than_days)} days"
-            ev = conn.execute(
-                "DELETE FROM checkpoint_events WHERE at < now() - %s::interval", (cutoff,)
-            ).rowcount
+            with conn.cursor(row_factory=class_row(EventReader)) as cur:
+                readers = cur.execute(
+                    "SELECT name, after_event_id, updated_at FROM event_readers ORDER BY after_event_id, name"
+                ).fetchall()
+            upto = readers[0].after_event_id if readers else None
+            deleted, kept_current, kept_unread = conn.execute(
+                self._PRUNE_EVENTS_SQL, {"upto": upto, "cutoff": cutoff}  # type: ignore[arg-type]
+            ).fetchone()
             cp = conn.execute(
                 "DELETE FROM checkpoints WHERE superseded_at IS NOT NULL AND superseded_at < now() - %s::interval"
                 " AND (%s::text IS NULL OR day < %s::text)",
@@ -639,11 +778,14 @@ class Ledger:
             rc = conn.execute(
                 "DELETE FROM receipts r WHERE r.created_at < now() - %s::interval"
                 " AND (%s::text IS NULL OR r.day < %s::text)"
-                " AND EXISTS (SELECT 1 FROM receipts n WHERE n.supersedes = r.artifact_id AND n.target = r.target"
-                "             AND n.status = 'DELIVERED')",
+                " AND EXISTS (SELECT 1 FROM receipts n WHERE n.region_id = r.region_id AND n.day = r.day"
+                "             AND n.kind = r.kind AND n.target = r.target AND n.status = 'DELIVERED'"
+                "             AND n.created_at > r.created_at)",
                 (cutoff, keep_days_from, keep_days_from),
             ).rowcount
-            return {"events": ev, "checkpoints": cp, "receipts": rc}
+            return PruneResult(checkpoints=cp, events=int(deleted), receipts=rc,
+                               old_events_kept_current=int(kept_current), old_events_kept_unread=int(kept_unread),
+                               readers=readers)
 
         return self._run(txn, what="prune ledger history")
 
@@ -666,22 +808,3 @@ def get_ledger(dsn: str) -> Ledger:
             ledger.migrate()
             _LEDGERS[key] = ledger
         return ledger
-
-
-
-# ---- Dagster resource --------------------------------------------------------------------
-
-
-class LedgerResource(dg.ConfigurableResource):
-    """The ledger as a Dagster resource: ``dsn`` empty means the embedded server in ``pgdata``."""
-
-    dsn: str = ""
-    pgdata: str = ""
-
-    def get(self) -> Ledger:
-        from resources.pgserver import resolve_dsns
-
-        if self.dsn:
-            return get_ledger(self.dsn)
-        ledger_dsn, _ = resolve_dsns(None, Path(self.pgdata))
-        return get_ledger(ledger_dsn)

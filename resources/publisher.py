@@ -3,6 +3,8 @@
 A target only performs the side effect; the runner wraps every delivery in a receipt
 (PENDING committed before, DELIVERED after), so a target may be asked to deliver the same
 artifact again after a crash, always under the same artifact id and ``Idempotency-Key``.
+The key is the artifact id, or ``<artifact id>#<generation>`` when the same bytes become the
+current revision again after another one (a partition's inputs went A -> B -> A).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class Target(Protocol):
 
     def ref(self, artifact: Artifact) -> str: ...
 
-    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]: ...
+    def deliver(self, artifact: Artifact, *, supersedes: str | None,
+                idempotency_key: str | None = None) -> dict[str, Any]: ...
 
 
 class FileTarget:
@@ -70,7 +73,8 @@ class FileTarget:
     def ref(self, artifact: Artifact) -> str:
         return str(self.publish_dir / artifact.region_id / artifact.day / artifact.kind)
 
-    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]:
+    def deliver(self, artifact: Artifact, *, supersedes: str | None,
+                idempotency_key: str | None = None) -> dict[str, Any]:
         final = Path(self.ref(artifact))
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.{artifact.content_hash[:16]}.tmp")
@@ -101,10 +105,11 @@ class WebhookTarget:
     def ref(self, artifact: Artifact) -> str:
         return self.url
 
-    def headers(self, artifact: Artifact, supersedes: str | None) -> dict[str, str]:
+    def headers(self, artifact: Artifact, supersedes: str | None,
+                idempotency_key: str | None = None) -> dict[str, str]:
         h = {
             "Content-Type": artifact.content_type,
-            "Idempotency-Key": artifact.artifact_id,
+            "Idempotency-Key": idempotency_key or artifact.artifact_id,
             "X-Stormlake-Artifact-Id": artifact.artifact_id,
             "X-Stormlake-Region": artifact.region_id,
             "X-Stormlake-Day": artifact.day,
@@ -115,8 +120,9 @@ class WebhookTarget:
             h["X-Stormlake-Supersedes"] = supersedes
         return h
 
-    def deliver(self, artifact: Artifact, *, supersedes: str | None) -> dict[str, Any]:
-        headers = self.headers(artifact, supersedes)
+    def deliver(self, artifact: Artifact, *, supersedes: str | None,
+                idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = self.headers(artifact, supersedes, idempotency_key)
         last = ""
         for attempt in range(1, self.max_tries + 1):
             req = urllib.request.Request(self.url, data=artifact.data, headers=headers, method="POST")
@@ -128,7 +134,7 @@ class WebhookTarget:
             except urllib.error.HTTPError as exc:
                 code = exc.code
                 exc.close()
-                if code == 409:  # the consumer already has this artifact id
+                if code == 409:  # the consumer already has this delivery (its Idempotency-Key)
                     return {"status": 409, "tries": attempt}
                 if code == 429 or 500 <= code <= 599:
                     last = f"HTTP {code}"

@@ -55,6 +55,6 @@ def test_a_receipt_is_never_downgraded(ledger: Ledger) -> None:
                                  partition_key=KEY, region_id="gulf_coast", day="2026-09-01", kind="summary.json",
                                  content_hash="0" * 64, size_bytes=1, target_ref="/x", checkpoint_id=None)
     assert rec.status == "PENDING"
-    ledger.mark_delivered(rec.artifact_id, "file", {"path": "/x"})
+    ledger.mark_delivered(rec, {"path": "/x"})
     with pytest.raises(LedgerError):
         ledger.query("UPDATE receipts SET status = 'PENDING' RETURNING artifact_id")

@@ -19,7 +19,7 @@ from pipeline.schedules import daily_storm_schedule, region_ids
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
 from resources.lake import LakeResource
 from resources.landing import LandingResource
-from resources.ledger import LedgerResource
+from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
 from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize

@@ -37,11 +37,11 @@ def _complete(ledger: Ledger, key: str, phase: str, run_id: str) -> None:
 def _deliver(ledger: Ledger, key: str, digest: str, target: str, *, delivered: bool = True) -> str:
     day, _, region = key.partition("|")
     artifact = f"{region}/{day}/summary.json@{digest}"
-    ledger.prepare_receipt(artifact_id=artifact, target=target, partition_key=key, region_id=region, day=day,
-                           kind="summary.json", content_hash=digest * 4, size_bytes=123,
-                           target_ref=f"published/{region}/{day}/summary.json", checkpoint_id=None)
+    rec = ledger.prepare_receipt(artifact_id=artifact, target=target, partition_key=key, region_id=region, day=day,
+                                 kind="summary.json", content_hash=digest * 4, size_bytes=123,
+                                 target_ref=f"published/{region}/{day}/summary.json", checkpoint_id=None)
     if delivered:
-        ledger.mark_delivered(artifact, target, {"ok": True})
+        ledger.mark_delivered(rec, {"ok": True})
     return artifact
 
 
@@ -162,7 +162,8 @@ def test_thousands_of_partitions_render_quickly(ledger: Ledger, pg_dsn: str, tmp
             INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash, idempotency_key, status,
                                      state_hash, schema_version, code_version, first_seq, seq, attempt, tier,
                                      tier_label, run_id, error_class, error_message, completed_at, summary)
-            SELECT day || '|' || region_id, region_id, day, phase, 'h', md5(day || region_id || phase),
+            SELECT day || '|' || region_id, region_id, day, phase, 'h',
+                   encode(sha256(convert_to(day || '|' || region_id || '|' || phase || '|h', 'UTF8')), 'hex'),
                    CASE WHEN (r * 7 + d) % 53 = 0 AND tier = 2 THEN 'FAILED'
                         WHEN (r + d) % 41 = 0 AND tier = 3 THEN 'PENDING' ELSE 'COMPLETED' END,
                    's', 1, '1', 1, 1, 1 + ((r + d) % 9 = 0)::int, tier, 'x', 'run-' || d,

@@ -1,0 +1,281 @@
+"""``stormlake bench --scale``: the views of a year of 50 regions, measured against their targets.
+
+How the ledger is built (in a fresh database on the ledger's server, dropped at the end):
+
+1. **Real runs.** A small scenario (2 regions x 2 days x 500 outage rows) is generated and run
+   through ``stormlake backfill``: real checkpoints, events, recorded calls and receipts.
+2. **Cloned rows.** Every other (day, region) of :data:`DAYS` days x :data:`REGIONS` regions
+   gets a copy of one real partition's head checkpoints, their events and their receipts, made
+   in SQL under the new partition key (ids, sequence numbers, idempotency keys and artifact ids
+   are the new partition's own). One partition in 97 is planted with correlate FAILED (three
+   attempts, no present) and one in 101 with present PENDING, so the views have something to
+   point at. The regions are the region list's, then ``region_NN`` up to :data:`REGIONS`.
+
+Then each view is timed as a person runs it, a whole ``stormlake`` process from start to exit
+(``status``, ``status --json`` into a file, ``report``), :data:`REPEATS` times, the median
+counting; plus a rerun of the real partitions on the big ledger (the backfill preflight: every
+phase skips, no run is launched) and one outbox sensor tick over the last 500 events
+(``evaluate_outbox``, in this process, against a Dagster instance in a scratch folder).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DAYS = 365
+REGIONS = 50
+REAL = {"regions": 2, "days": 2, "rows_per_partition": 500, "seed": 11}
+REPEATS = 3
+FAILED_EVERY = 97
+PENDING_EVERY = 101
+#: Seconds, whole process; the issue's targets for a year of 50 regions.
+TARGETS = {"status": 1.0, "status_json": 1.0, "report": 3.0, "rerun": 1.8, "sensor_tick": 1.0}
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"bench --scale: {msg}\n")
+    sys.stderr.flush()
+
+
+def _cli(env: dict[str, str], *args: str, stdout: Any = subprocess.DEVNULL) -> float:
+    """Run ``stormlake *args`` to its end; its wall seconds."""
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())", *args],
+                          env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, check=False)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        from resources.errors import StormlakeError
+
+        raise StormlakeError(f"bench --scale: stormlake {' '.join(args)} exited {proc.returncode}: "
+                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+    return wall
+
+
+def scale_grid(region_ids: list[str], first_day: str, real: list[str]) -> list[tuple[str, str, str, str, str]]:
+    """(partition key, region, day, template key, kind) of every cloned partition.
+
+    Example:
+        >>> rows = scale_grid(["a", "b"], "2026-09-01", ["2026-09-01|a"])
+        >>> len(rows) == DAYS * REGIONS - 1 and rows[0][:3] == ("2026-09-01|b", "b", "2026-09-01")
+        True
+    """
+    regions = list(region_ids[:REGIONS]) + [f"region_{i:02d}" for i in range(len(region_ids) + 1, REGIONS + 1)]
+    start = dt.date.fromisoformat(first_day)
+    taken = set(real)
+    rows = []
+    n = 0
+    for d in range(DAYS):
+        day = (start + dt.timedelta(days=d)).isoformat()
+        for region in regions:
+            key = f"{day}|{region}"
+            if key in taken:
+                continue
+            n += 1
+            kind = "failed" if n % FAILED_EVERY == 0 else "pending" if n % PENDING_EVERY == 0 else "ok"
+            rows.append((key, region, day, real[n % len(real)], kind))
+    return rows
+
+
+_CLONE_CHECKPOINTS = """
+WITH src AS (
+    SELECT g.partition_key, g.region_id, g.day, g.kind, c.phase, c.input_hash, c.status, c.state_hash,
+           c.schema_version, c.code_version, c.attempt, c.tier, c.tier_label, c.summary, c.calls, c.run_id,
+           c.created_at, c.updated_at, c.completed_at,
+           (g.kind = 'failed' AND c.phase = 'correlate') AS planted_failure,
+           (g.kind = 'pending' AND c.phase = 'present') AS planted_pending
+    FROM scale_grid g JOIN checkpoints c ON c.partition_key = g.template AND c.superseded_at IS NULL
+    WHERE NOT (g.kind = 'failed' AND c.phase = 'present')
+), numbered AS (
+    SELECT src.*, nextval('checkpoint_seq') AS new_seq FROM src
+), ins AS (
+    INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash, idempotency_key, status, state_hash,
+                             schema_version, code_version, first_seq, seq, attempt, tier, tier_label, summary, calls,
+                             run_id, error_class, error_message, created_at, updated_at, completed_at)
+    SELECT n.partition_key, n.region_id, n.day, n.phase, n.input_hash,
+           encode(sha256(convert_to(n.partition_key || '|' || n.phase || '|' || n.input_hash, 'UTF8')), 'hex'),
+           CASE WHEN n.planted_failure THEN 'FAILED' WHEN n.planted_pending THEN 'PENDING' ELSE n.status END,
+           CASE WHEN n.planted_failure OR n.planted_pending THEN NULL ELSE n.state_hash END,
+           n.schema_version, n.code_version, n.new_seq, n.new_seq,
+           CASE WHEN n.planted_failure THEN 3 ELSE n.attempt END, n.tier, n.tier_label, n.summary, n.calls, n.run_id,
+           CASE WHEN n.planted_failure THEN 'GraderError' END,
+           CASE WHEN n.planted_failure THEN 'correlate of ' || n.partition_key
+                || ' failed its grader: risk.range: 3 cells outside [0, 1] (planted by bench --scale)' END,
+           n.created_at, n.updated_at, CASE WHEN n.planted_failure OR n.planted_pending THEN NULL ELSE n.completed_at END
+    FROM numbered n
+    RETURNING id, partition_key, region_id, day, phase, status, seq, attempt, tier, run_id
+)
+INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status, input_hash, seq, attempt,
+                               tier, run_id, detail, at)
+SELECT i.id, i.partition_key, i.region_id, i.day, i.phase, e.status, e.input_hash, i.seq, e.attempt, e.tier, e.run_id,
+       e.detail, e.at
+FROM ins i JOIN scale_grid g ON g.partition_key = i.partition_key
+JOIN checkpoints t ON t.partition_key = g.template AND t.phase = i.phase AND t.superseded_at IS NULL
+JOIN checkpoint_events e ON e.checkpoint_id = t.id
+WHERE i.status = 'COMPLETED' OR e.status = 'PENDING'
+"""
+
+_FAILED_EVENTS = """
+INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status, input_hash, seq, attempt,
+                               tier, run_id, detail, at)
+SELECT id, partition_key, region_id, day, phase, 'FAILED', input_hash, seq, attempt, tier, run_id,
+       jsonb_build_object('error_class', error_class), updated_at
+FROM checkpoints WHERE status = 'FAILED' AND superseded_at IS NULL
+"""
+
+_CLONE_RECEIPTS = """
+INSERT INTO receipts (artifact_id, target, generation, idempotency_key, partition_key, region_id, day, kind, content_hash,
+                      size_bytes, target_ref, status, supersedes, checkpoint_id, attempts, last_error, response,
+                      created_at, delivered_at)
+SELECT a.artifact_id, a.target, a.generation,
+       CASE WHEN a.generation = 1 THEN a.artifact_id ELSE a.artifact_id || '#' || a.generation END,
+       a.partition_key, a.region_id, a.day, a.kind, a.content_hash, a.size_bytes, a.target_ref, a.status, NULL, NULL,
+       a.attempts, a.last_error, a.response, a.created_at, a.delivered_at
+FROM (
+    SELECT g.region_id || '/' || g.day || '/' || r.kind || '@' || split_part(r.artifact_id, '@', 2) AS artifact_id,
+           r.target, r.generation, g.partition_key, g.region_id, g.day, r.kind, r.content_hash, r.size_bytes,
+           replace(r.target_ref, r.region_id || '/' || r.day, g.region_id || '/' || g.day) AS target_ref,
+           r.status, r.attempts, r.last_error, r.response, r.created_at, r.delivered_at, r.receipt_id
+    FROM scale_grid g JOIN receipts r ON r.partition_key = g.template
+    WHERE g.kind = 'ok'
+    ORDER BY g.day, g.region_id, r.receipt_id
+) a
+"""
+
+
+def build_scale_ledger(ledger_dsn: str, region_ids: list[str], first_day: str, real: list[str]) -> dict[str, int]:
+    """Clone the real partitions of the ledger at ``ledger_dsn`` over the year's grid; row counts."""
+    import psycopg
+
+    grid = scale_grid(region_ids, first_day, real)
+    with psycopg.connect(ledger_dsn, autocommit=False) as conn:
+        conn.execute("CREATE TEMP TABLE scale_grid (partition_key text PRIMARY KEY, region_id text, day text,"
+                     " template text, kind text) ON COMMIT DROP")
+        with conn.cursor().copy("COPY scale_grid FROM STDIN") as copy:
+            for row in grid:
+                copy.write_row(row)
+        conn.execute(_CLONE_CHECKPOINTS)
+        conn.execute(_FAILED_EVENTS)
+        conn.execute(_CLONE_RECEIPTS)
+        conn.commit()
+    with psycopg.connect(ledger_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+        counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # noqa: S608 - fixed names
+                  for t in ("checkpoints", "checkpoint_events", "receipts")}
+        counts["partitions"] = conn.execute(
+            "SELECT count(DISTINCT partition_key) FROM checkpoints WHERE superseded_at IS NULL").fetchone()[0]
+    return counts
+
+
+def _median_of(fn, repeats: int = REPEATS) -> tuple[float, list[float]]:  # noqa: ANN001
+    samples = [fn() for _ in range(repeats)]
+    return statistics.median(samples), samples
+
+
+def sensor_tick_seconds(ledger_dsn: str, scratch: Path) -> float:
+    """One outbox tick over the ledger's last 500 events (a busy minute's worth), in this process."""
+    import dagster as dg
+
+    from pipeline.sensors import OUTBOX_BATCH, OutboxCursor, evaluate_outbox
+    from resources.ledger import Ledger
+
+    ledger = Ledger(ledger_dsn)
+    try:
+        last = ledger.read(lambda c: c.execute("SELECT max(event_id) FROM checkpoint_events").fetchone()[0],
+                           what="read the last event id")
+        scratch.mkdir(parents=True, exist_ok=True)
+        with dg.DagsterInstance.local_temp(tempdir=str(scratch)) as instance:
+            t = time.perf_counter()
+            evaluate_outbox(ledger, instance, OutboxCursor(max(0, int(last) - OUTBOX_BATCH), {}))
+            return time.perf_counter() - t
+    finally:
+        ledger.close()
+
+
+def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    from pipeline.bench import Databases, _child_env
+    from pipeline.generate import generate_scenario
+    from resources.settings import load_regions
+
+    root = settings.home / "bench" / "scale"
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    regions = load_regions(settings.regions_file)
+    dbs = Databases(settings.pg_dsn, settings.pgdata)
+    try:
+        ledger_dsn, _ = dbs.create()
+        landing = root / "landing"
+        _say(f"generating {REAL['regions']} regions x {REAL['days']} days x {REAL['rows_per_partition']} rows")
+        generate_scenario(landing, regions[:REAL["regions"]], days=REAL["days"], start=settings.first_day,
+                          rows_per_partition=REAL["rows_per_partition"], seed=REAL["seed"])
+        env = _child_env(root / "home", landing, ledger_dsn)
+        _say("real runs: stormlake backfill of the 4 partitions")
+        first_run = _cli(env, "backfill")
+        start = dt.date.fromisoformat(settings.first_day)
+        real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}"
+                for d in range(REAL["days"]) for r in regions[:REAL["regions"]]]
+        _say(f"cloning them over {DAYS} days x {REGIONS} regions")
+        t = time.perf_counter()
+        counts = build_scale_ledger(ledger_dsn, [r.region_id for r in regions], settings.first_day, real)
+        build_s = time.perf_counter() - t
+        _say(f"ledger: {counts['partitions']} partitions, {counts['checkpoints']} checkpoints, "
+             f"{counts['checkpoint_events']} events, {counts['receipts']} receipts ({build_s:.1f} s)")
+
+        figures: dict[str, dict[str, Any]] = {}
+
+        def measure(name: str, fn) -> None:  # noqa: ANN001
+            _say(f"timing {name} ({REPEATS} times)")
+            median, samples = _median_of(fn)
+            figures[name] = {"median_s": round(median, 3), "samples_s": [round(s, 3) for s in samples],
+                             "target_s": TARGETS[name], "met": median <= TARGETS[name]}
+
+        out = root / "status.json"
+
+        def status_json() -> float:
+            with out.open("w") as fh:
+                return _cli(env, "status", "--json", stdout=fh)
+
+        measure("status", lambda: _cli(env, "status"))
+        measure("status_json", status_json)
+        figures["status_json"]["bytes"] = out.stat().st_size
+        figures["status_json"]["partitions"] = len(json.loads(out.read_text())["partitions"])
+        measure("report", lambda: _cli(env, "report", "--out", str(root / "report.html")))
+        figures["report"]["bytes"] = (root / "report.html").stat().st_size
+        measure("rerun", lambda: _cli(env, "backfill"))
+        scratch = Path(tempfile.mkdtemp(prefix="sensor-", dir=root))
+        measure("sensor_tick", lambda: sensor_tick_seconds(ledger_dsn, scratch))
+    finally:
+        dbs.drop_all()
+
+    result = {"config": {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
+                         "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2)},
+              "ledger": counts, "views": figures}
+    if args.json:
+        print(json.dumps({"scale": result}, indent=2))
+    else:
+        print(render_scale(result))
+    return 0 if all(f["met"] for f in figures.values()) else 1
+
+
+def render_scale(result: dict[str, Any]) -> str:
+    led = result["ledger"]
+    lines = [f"views on a ledger of {led['partitions']:,} partitions ({result['config']['days']} days x "
+             f"{result['config']['regions']} regions): {led['checkpoints']:,} checkpoints, "
+             f"{led['checkpoint_events']:,} events, {led['receipts']:,} receipts",
+             f"{'view':<14} {'median':>8}  {'target':>7}  met  samples"]
+    for name, f in result["views"].items():
+        extra = f"  ({f['bytes'] / 1e6:.1f} MB)" if "bytes" in f else ""
+        lines.append(f"{name:<14} {f['median_s']:>7.3f}s  {f['target_s']:>6.1f}s  {'yes' if f['met'] else 'NO ':<3}  "
+                     + ", ".join(f"{s:.3f}" for s in f["samples_s"]) + extra)
+    return "\n".join(lines)
+

@@ -1,0 +1,408 @@
+"""Typed reads of the ledger for people and sensors: status, the report, the outbox, the bench.
+
+Status and the report read ``partition_state`` (migration 004): one row a partition, with its
+tier, flags and the contract's entries, which the database refreshes in the same transaction as
+every change of a checkpoint or a receipt. So a view costs about the same on a ledger of a year of
+50 regions (18,250 partitions, 73,000 head checkpoints, a quarter of a million events) as on a
+demo's: nothing here walks every checkpoint, in Python or in SQL. The one view that returns every
+partition, the full ``status --json`` dump, is made as JSON text by the server and streamed
+through a server-side cursor, a batch of partitions at a time.
+
+A partition's tier is the number of leading phases (``phase_order``) whose head checkpoint is
+COMPLETED on the current state of every phase it read (``summary.upstream`` contained in the
+partition's current state hashes), as contract section 8 defines it; the SQL of migration 004 is
+its one definition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import class_row, dict_row
+
+from resources.ledger import Ledger
+
+T = TypeVar("T")
+
+#: Rows fetched per round trip when streaming the full status.
+STREAM_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class StatusFilter:
+    """Which partitions a view covers; every field narrows it, the default is all of them."""
+
+    regions: tuple[str, ...] = ()
+    days: tuple[str, str] | None = None  # inclusive
+    tier: int | None = None
+    failed: bool = False  # only partitions with a FAILED head
+    limit: int | None = None
+
+
+#: The filter that selects every partition.
+ALL_PARTITIONS = StatusFilter()
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    """One partition as status shows it (the contract's entry, as Python values)."""
+
+    partition_key: str
+    region: str
+    day: str
+    tier: int
+    failed: bool
+    pending: bool
+    phases: dict[str, dict[str, Any]]
+    deliveries: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StatusSummary:
+    partitions: int
+    by_tier: dict[int, int]
+    with_failure: int
+    with_pending: int
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """A partition on the report's heat map."""
+
+    region: str
+    day: str
+    tier: int
+    failed: bool
+    pending: bool
+
+
+@dataclass(frozen=True)
+class PhaseCount:
+    phase: str
+    status: str
+    heads: int
+    retried: int  # heads with attempt > 1
+    stale: int  # PENDING heads untouched longer than the stale limit
+
+
+@dataclass(frozen=True)
+class PhaseDurations:
+    phase: str
+    n: int
+    failed: int
+    p50: float | None
+    p90: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class RegionCounts:
+    region: str
+    partitions: int
+    by_tier: dict[int, int]
+    with_failure: int
+    with_pending: int
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """A partition not at the last tier or with a failure, and the phase it is held at."""
+
+    partition_key: str
+    region: str
+    day: str
+    tier: int
+    phase: str  # the first FAILED phase, else the phase after its tier
+    state: str  # FAILED | PENDING | stale (upstream changed) | not run
+    also_failed: list[str]
+    error_class: str | None
+    error_message: str | None
+    attempts: int | None
+    run_id: str | None
+    updated_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class ReceiptCounts:
+    target: str
+    kind: str
+    delivered: int
+    pending: int
+    revisions: int
+    attempts: int
+    with_error: int
+    last_delivered: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class ReceiptRow:
+    artifact_id: str
+    idempotency_key: str
+    target: str
+    status: str
+    supersedes: str | None
+    attempts: int
+    last_error: str | None
+    created_at: dt.datetime
+    delivered_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    event_id: int
+    partition_key: str
+    phase: str
+    status: str
+    run_id: str | None
+    at: dt.datetime
+
+
+class LedgerViews:
+    """The read side of the ledger: each method one question, answered by the server."""
+
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+
+    @staticmethod
+    def _where(flt: StatusFilter) -> sql.Composed:
+        conds: list[sql.Composable] = [sql.SQL("true")]
+        if flt.regions:
+            conds.append(sql.SQL("s.region_id = ANY({})").format(sql.Literal(list(flt.regions))))
+        if flt.days:
+            conds.append(sql.SQL("s.day BETWEEN {} AND {}").format(sql.Literal(flt.days[0]), sql.Literal(flt.days[1])))
+        if flt.tier is not None:
+            conds.append(sql.SQL("s.tier = {}").format(sql.Literal(int(flt.tier))))
+        if flt.failed:
+            conds.append(sql.SQL("s.failed"))
+        return sql.SQL(" AND ").join(conds)
+
+    @staticmethod
+    def _limit(flt: StatusFilter) -> sql.Composable:
+        return sql.SQL(" LIMIT {}").format(sql.Literal(int(flt.limit))) if flt.limit is not None else sql.SQL("")
+
+    def _rows(self, query: sql.Composable, row: type[T], what: str) -> list[T]:
+        def q(conn: psycopg.Connection) -> list[T]:
+            with conn.cursor(row_factory=class_row(row)) as cur:
+                return cur.execute(query).fetchall()
+
+        return self.ledger.read(q, what=what)
+
+    # ---- status ----------------------------------------------------------------------------
+    def partitions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[PartitionRow]:
+        """The selected partitions, in (day, region) order."""
+        query = sql.SQL("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.failed, s.pending, s.phases,"
+                        " s.deliveries FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
+            self._where(flt), self._limit(flt))
+        return self._rows(query, PartitionRow, "read the partitions' status")
+
+    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS) -> Iterator[str]:
+        """Each selected partition as the contract's JSON object (text made by the server), in order.
+
+        A server-side cursor hands them over a batch at a time, so a dump of every partition of a
+        year starts at once and holds one batch in memory. The caller must exhaust the iterator.
+        """
+        query = sql.SQL("SELECT jsonb_build_object('region', s.region_id, 'day', s.day, 'tier', s.tier,"
+                        " 'tier_label', s.tier_label, 'phases', s.phases, 'deliveries', s.deliveries)::text"
+                        " FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
+            self._where(flt), self._limit(flt))
+        with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
+            cur.itersize = STREAM_BATCH
+            cur.execute(query)
+            for (text,) in cur:
+                yield text
+
+    def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:
+        query = sql.SQL("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending)"
+                        " FROM partition_state s WHERE {} GROUP BY s.tier").format(self._where(flt))
+
+        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
+            last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
+            return int(last), conn.execute(query).fetchall()
+
+        last, rows = self.ledger.read(q, what="summarize the partitions")
+        by_tier = dict.fromkeys(range(last + 1), 0)
+        for tier, n, _, _ in rows:
+            by_tier[int(tier)] = int(n)
+        return StatusSummary(partitions=sum(int(r[1]) for r in rows), by_tier=by_tier,
+                             with_failure=sum(int(r[2]) for r in rows), with_pending=sum(int(r[3]) for r in rows))
+
+    def grid(self, flt: StatusFilter = ALL_PARTITIONS) -> list[GridCell]:
+        """(region, day, tier, failed, pending) of every selected partition, for the heat map."""
+        query = sql.SQL("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending FROM partition_state s"
+                        " WHERE {}").format(self._where(flt))
+        return self._rows(query, GridCell, "read the partition grid")
+
+    def regions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[RegionCounts]:
+        query = sql.SQL("SELECT s.region_id, count(*), count(*) FILTER (WHERE s.failed),"
+                        " count(*) FILTER (WHERE s.pending), array_agg(s.tier)"
+                        " FROM partition_state s WHERE {} GROUP BY s.region_id ORDER BY s.region_id").format(
+            self._where(flt))
+
+        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
+            last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
+            return int(last), conn.execute(query).fetchall()
+
+        last, rows = self.ledger.read(q, what="count partitions per region")
+        out = []
+        for region, n, failed, pending, tiers in rows:
+            by_tier = dict.fromkeys(range(last + 1), 0)
+            for t in tiers:
+                by_tier[int(t)] += 1
+            out.append(RegionCounts(region=region, partitions=int(n), by_tier=by_tier, with_failure=int(failed),
+                                    with_pending=int(pending)))
+        return out
+
+    def attention(self, limit: int, flt: StatusFilter = ALL_PARTITIONS) -> tuple[int, list[AttentionRow]]:
+        """How many partitions are not at the last tier or have a failure, and the first ``limit`` of
+        them: failed first, then pending, stale, not run; then by tier, day and region."""
+        query = sql.SQL(
+            "WITH o AS (SELECT phase, position FROM phase_order),"
+            " need AS (SELECT s.partition_key, s.region_id, s.day, s.tier,"
+            "   (SELECT array_agg(o.phase ORDER BY o.position) FROM o WHERE s.phases->o.phase->>'status' = 'FAILED')"
+            "     AS failed_phases"
+            "   FROM partition_state s WHERE ({where}) AND (s.failed OR s.tier < (SELECT max(position) FROM o))),"
+            " held AS (SELECT need.*, coalesce(need.failed_phases[1], (SELECT o.phase FROM o WHERE o.position ="
+            "   least(need.tier + 1, (SELECT max(position) FROM o)))) AS phase FROM need)"
+            " SELECT held.partition_key, held.region_id, held.day, held.tier, held.phase, held.failed_phases,"
+            "   c.status, c.attempt, c.error_class, c.error_message, c.updated_at,"
+            "   coalesce(c.run_id, (SELECT x.run_id FROM checkpoints x WHERE x.partition_key = held.partition_key"
+            "     AND x.superseded_at IS NULL ORDER BY x.updated_at DESC LIMIT 1)) AS run_id,"
+            "   count(*) OVER () AS total,"
+            "   CASE c.status WHEN 'FAILED' THEN 0 WHEN 'PENDING' THEN 1 WHEN 'COMPLETED' THEN 2 ELSE 3 END AS rank"
+            " FROM held LEFT JOIN checkpoints c ON c.partition_key = held.partition_key AND c.phase = held.phase"
+            "   AND c.superseded_at IS NULL"
+            " ORDER BY rank, held.tier, held.day, held.region_id LIMIT {limit}"
+        ).format(where=self._where(flt), limit=sql.Literal(int(limit)))
+
+        def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(query).fetchall()
+
+        rows = self.ledger.read(q, what="find the partitions that need attention")
+        states = {"FAILED": "FAILED", "PENDING": "PENDING", "COMPLETED": "stale (upstream changed)", None: "not run"}
+        out = [AttentionRow(
+            partition_key=r["partition_key"], region=r["region_id"], day=r["day"], tier=int(r["tier"]),
+            phase=r["phase"], state=states[r["status"]],
+            also_failed=[ph for ph in (r["failed_phases"] or []) if ph != r["phase"]],
+            error_class=r["error_class"], error_message=r["error_message"], attempts=r["attempt"],
+            run_id=r["run_id"], updated_at=r["updated_at"],
+        ) for r in rows]
+        total = int(rows[0]["total"]) if rows else 0
+        return total, out
+
+    def phase_order(self) -> list[tuple[str, int, str]]:
+        """(phase, position, tier label) as the ledger's schema knows them."""
+        return self.ledger.read(
+            lambda c: c.execute("SELECT phase, position, tier_label FROM phase_order ORDER BY position").fetchall(),
+            what="read the phase order")
+
+    # ---- phases and events -------------------------------------------------------------------
+    def phase_counts(self, *, stale_after: dt.timedelta) -> list[PhaseCount]:
+        """Head checkpoints per (phase, status), with how many were retried and how many are stale."""
+        query = ("SELECT phase, status, count(*) AS heads, count(*) FILTER (WHERE attempt > 1) AS retried,"
+                 " count(*) FILTER (WHERE status = 'PENDING' AND updated_at < now() - %s) AS stale"
+                 " FROM checkpoints WHERE superseded_at IS NULL GROUP BY phase, status")
+
+        def q(conn: psycopg.Connection) -> list[PhaseCount]:
+            with conn.cursor(row_factory=class_row(PhaseCount)) as cur:
+                return cur.execute(query, (stale_after,)).fetchall()
+
+        return self.ledger.read(q, what="count head checkpoints per phase")
+
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        """(phase, status) -> number of checkpoint events."""
+        rows = self.ledger.read(
+            lambda c: c.execute("SELECT phase, status, count(*) FROM checkpoint_events GROUP BY phase, status")
+            .fetchall(), what="count checkpoint events")
+        return {(r[0], r[1]): int(r[2]) for r in rows}
+
+    def durations(self) -> dict[str, PhaseDurations]:
+        """Per phase: attempts from claim (PENDING event) to COMPLETED, their percentiles, and failures."""
+        query = (
+            "SELECT e.phase,"
+            " count(*) FILTER (WHERE e.status = 'COMPLETED') AS n,"
+            " count(*) FILTER (WHERE e.status = 'FAILED') AS failed,"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
+            "   FILTER (WHERE e.status = 'COMPLETED') AS p50,"
+            " percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
+            "   FILTER (WHERE e.status = 'COMPLETED') AS p90,"
+            " max(extract(epoch FROM e.at - p.at)) FILTER (WHERE e.status = 'COMPLETED') AS max"
+            " FROM checkpoint_events e JOIN checkpoint_events p"
+            "   ON p.checkpoint_id = e.checkpoint_id AND p.seq = e.seq AND p.status = 'PENDING'"
+            " WHERE e.status IN ('COMPLETED', 'FAILED') GROUP BY e.phase"
+        )
+
+        def q(conn: psycopg.Connection) -> list[PhaseDurations]:
+            with conn.cursor(row_factory=class_row(PhaseDurations)) as cur:
+                return cur.execute(query).fetchall()
+
+        return {d.phase: d for d in self.ledger.read(q, what="measure phase durations")}
+
+    def recent_events(self, limit: int) -> list[EventRow]:
+        def q(conn: psycopg.Connection) -> list[EventRow]:
+            with conn.cursor(row_factory=class_row(EventRow)) as cur:
+                return cur.execute("SELECT event_id, partition_key, phase, status, run_id, at FROM checkpoint_events"
+                                   " ORDER BY event_id DESC LIMIT %s", (limit,)).fetchall()
+
+        return self.ledger.read(q, what="read recent checkpoint events")
+
+    def last_event_ids(self, partition_keys: Sequence[str]) -> dict[str, int]:
+        """partition key -> id of its newest checkpoint event (keys without events are left out)."""
+        rows = self.ledger.read(
+            lambda c: c.execute("SELECT partition_key, max(event_id) FROM checkpoint_events"
+                                " WHERE partition_key = ANY(%s) GROUP BY partition_key", (list(partition_keys),))
+            .fetchall(), what="read the newest event of partitions")
+        return {r[0]: int(r[1]) for r in rows}
+
+    def phase_seconds(self) -> dict[str, float]:
+        """phase -> seconds its head checkpoints took from claim to completion, summed."""
+        rows = self.ledger.read(
+            lambda c: c.execute("SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8"
+                                " FROM checkpoints WHERE superseded_at IS NULL AND status = 'COMPLETED'"
+                                " GROUP BY phase").fetchall(), what="sum phase durations")
+        return {r[0]: float(r[1] or 0.0) for r in rows}
+
+    def connections(self) -> int:
+        """Sessions connected to the ledger's database now."""
+        return int(self.ledger.read(
+            lambda c: c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+            .fetchone()[0], what="count connections"))
+
+    # ---- receipts ----------------------------------------------------------------------------
+    def receipt_counts(self) -> list[ReceiptCounts]:
+        query = (
+            "SELECT target, kind,"
+            " count(*) FILTER (WHERE status = 'DELIVERED') AS delivered,"
+            " count(*) FILTER (WHERE status = 'PENDING') AS pending,"
+            " count(*) FILTER (WHERE supersedes IS NOT NULL) AS revisions,"
+            " coalesce(sum(attempts), 0) AS attempts,"
+            " count(*) FILTER (WHERE last_error IS NOT NULL) AS with_error,"
+            " max(delivered_at) AS last_delivered"
+            " FROM receipts GROUP BY target, kind ORDER BY target, kind"
+        )
+
+        def q(conn: psycopg.Connection) -> list[ReceiptCounts]:
+            with conn.cursor(row_factory=class_row(ReceiptCounts)) as cur:
+                return cur.execute(query).fetchall()
+
+        return self.ledger.read(q, what="count receipts")
+
+    def latest_receipts(self, limit: int) -> list[ReceiptRow]:
+        def q(conn: psycopg.Connection) -> list[ReceiptRow]:
+            with conn.cursor(row_factory=class_row(ReceiptRow)) as cur:
+                return cur.execute(
+                    "SELECT artifact_id, idempotency_key, target, status, supersedes, attempts, last_error,"
+                    " created_at, delivered_at FROM receipts ORDER BY receipt_id DESC LIMIT %s", (limit,)
+                ).fetchall()
+
+        return self.ledger.read(q, what="read the latest receipts")
+
+    def last_delivery_at(self) -> dt.datetime | None:
+        return self.ledger.read(
+            lambda c: c.execute("SELECT max(coalesce(delivered_at, created_at)) FROM receipts").fetchone()[0],
+            what="read the last delivery time")

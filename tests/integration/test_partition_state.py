@@ -1,0 +1,190 @@
+"""partition_state, the per-partition view the database keeps current (migration 004), and the
+status views that read it: filters, the summary of a large ledger, the streamed JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from assets.phases import PHASES, TIER_LABELS
+from pipeline.status import partition_status, render_table, views, write_json
+from resources.ledger import Checkpoint, Ledger
+from resources.ledger_views import StatusFilter
+
+NAMES = [p.name for p in PHASES]
+
+
+def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
+    """Each partition computed from scratch from the checkpoints and receipts, as contract section 8 says."""
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        heads = cur.execute("SELECT * FROM checkpoints WHERE superseded_at IS NULL").fetchall()
+        receipts = cur.execute("SELECT * FROM receipts ORDER BY receipt_id").fetchall()
+    by_key: dict[str, dict[str, dict[str, Any]]] = {}
+    for h in heads:
+        by_key.setdefault(h["partition_key"], {})[h["phase"]] = h
+    out = {}
+    for key, hs in by_key.items():
+        tier = 0
+        for phase in PHASES:
+            h = hs.get(phase.name)
+            if h is None or h["status"] != "COMPLETED":
+                break
+            upstream = (h["summary"] or {}).get("upstream", {})
+            if any(name not in hs or hs[name]["state_hash"] != v for name, v in upstream.items()):
+                break
+            tier = phase.tier
+        phases = {}
+        for name, h in hs.items():
+            entry = {"status": h["status"], "seq": h["seq"], "attempts": h["attempt"], "input_hash": h["input_hash"],
+                     "state_hash": h["state_hash"], "schema_version": h["schema_version"],
+                     "delta_versions": (h["summary"] or {}).get("delta_versions", {})}
+            if h["status"] == "FAILED":
+                entry["error"] = f"{h['error_class']}: {h['error_message']}"
+            phases[name] = entry
+        deliveries = []
+        for r in receipts:
+            if r["partition_key"] != key:
+                continue
+            d = {"artifact_id": r["artifact_id"], "target": r["target"], "status": r["status"],
+                 "content_hash": r["content_hash"]}
+            if r["supersedes"]:
+                d["supersedes"] = r["supersedes"]
+            if r["generation"] > 1:
+                d["idempotency_key"] = r["idempotency_key"]
+            deliveries.append(d)
+        day, _, region = key.partition("|")
+        out[key] = {"region": region, "day": day, "tier": tier, "tier_label": TIER_LABELS[tier],
+                    "phases": phases, "deliveries": deliveries}
+    return out
+
+
+def _claim(ledger: Ledger, key: str, phase: str, input_hash: str):
+    day, _, region = key.partition("|")
+    d = ledger.decide(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
+                      schema_version=1, code_version="1", run_id="r", claim=True)
+    return d
+
+
+def _complete(ledger: Ledger, key: str, phase: str, input_hash: str, upstream: dict[str, str]) -> Checkpoint | None:
+    d = _claim(ledger, key, phase, input_hash)
+    if d.skip:
+        return d.head
+    tier = NAMES.index(phase) + 1
+    return ledger.complete(d.claim, state_hash=f"s:{key}:{phase}:{input_hash}", tier=tier,
+                           tier_label=TIER_LABELS[tier], run_id="r",
+                           summary={"upstream": upstream, "delta_versions": {f"{phase}_table": tier}})
+
+
+def test_the_phase_order_of_the_schema_is_the_pipelines(ledger: Ledger) -> None:
+    assert views(ledger).phase_order() == [(p.name, p.tier, p.tier_label) for p in PHASES]
+
+
+def test_partition_state_follows_every_change(ledger: Ledger, pg_dsn: str) -> None:
+    """Random claims, completions, failures, new input hashes and receipts: after each, the kept
+    state equals the one computed from scratch."""
+    rng = random.Random(5)
+    keys = [f"2026-09-0{d}|{r}" for d in (1, 2) for r in ("gulf_coast", "pine_belt")]
+    inputs = {k: "a" for k in keys}
+    for step in range(60):
+        key = rng.choice(keys)
+        heads = {cp.phase: cp for cp in ledger.heads([key])}
+        action = rng.random()
+        if action < 0.1:
+            inputs[key] = rng.choice("abc")  # new landing data: ingest reruns on another input hash
+        upstream: dict[str, str] = {}
+        for phase in NAMES:
+            head = heads.get(phase)
+            ih = inputs[key] + "".join(upstream.values())
+            if head is not None and head.status == "COMPLETED" and head.input_hash == ih:
+                upstream[phase] = head.state_hash or ""
+                continue
+            if action < 0.3:
+                d = _claim(ledger, key, phase, ih)
+                if d.claim is not None and rng.random() < 0.5:
+                    ledger.fail(d.claim, error_class="GraderError", error_message=f"step {step}", run_id="r")
+                break
+            cp = _complete(ledger, key, phase, ih, dict(upstream))
+            assert cp is not None
+            upstream[phase] = cp.state_hash or ""
+            if phase == "present":
+                for target in ("file", "webhook"):
+                    rec = ledger.prepare_receipt(
+                        artifact_id=f"{key.split('|')[1]}/{key.split('|')[0]}/summary.json@{ih[:1] * 16}",
+                        target=target, partition_key=key, region_id=key.split("|")[1], day=key.split("|")[0],
+                        kind="summary.json", content_hash=ih[:1] * 64, size_bytes=1, target_ref="x",
+                        checkpoint_id=cp.id)
+                    if rec.status == "PENDING" and rng.random() < 0.8:
+                        ledger.mark_delivered(rec, {"ok": True})
+            break
+        want = expected_state(pg_dsn)
+        got = {f"{p['day']}|{p['region']}": p for p in partition_status(ledger)}
+        assert got == want, f"after step {step}"
+    assert {p["tier"] for p in partition_status(ledger)} - {0}, "the walk never got anywhere"
+
+
+@pytest.fixture
+def year(ledger: Ledger, pg_dsn: str) -> Ledger:
+    """80 partitions (20 days x 4 regions) written in SQL, with failures and pending phases."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            """
+            WITH parts AS (
+                SELECT 'r' || r AS region_id, to_char(date '2026-09-01' + d, 'YYYY-MM-DD') AS day, r, d
+                FROM generate_series(1, 4) r, generate_series(0, 19) d
+            )
+            INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash, idempotency_key, status,
+                                     state_hash, schema_version, code_version, first_seq, seq, attempt, tier,
+                                     tier_label, run_id, error_class, error_message, summary)
+            SELECT day || '|' || region_id, region_id, day, o.phase, 'h',
+                   encode(sha256(convert_to(day || '|' || region_id || '|' || o.phase || '|h', 'UTF8')), 'hex'),
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'FAILED' ELSE 'COMPLETED' END,
+                   's-' || o.phase, 1, '1', 1, 1, 1, o.position, o.tier_label, 'run',
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'GraderError' END,
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'risk out of range' END, '{}'
+            FROM parts, phase_order o
+            WHERE NOT ((r + d) % 9 = 0 AND o.position = 4)
+            """
+        )
+    return ledger
+
+
+def test_filters_select_what_they_say(year: Ledger) -> None:
+    everything = partition_status(year)
+    assert len(everything) == 80
+    failed = [p for p in everything if any(e["status"] == "FAILED" for e in p["phases"].values())]
+    assert failed and all(p["tier"] == 2 for p in failed)
+    assert partition_status(year, StatusFilter(failed=True)) == failed
+    assert partition_status(year, StatusFilter(tier=4)) == [p for p in everything if p["tier"] == 4]
+    window = partition_status(year, StatusFilter(regions=("r2", "r3"), days=("2026-09-05", "2026-09-07")))
+    assert [(p["day"], p["region"]) for p in window] == [
+        (f"2026-09-0{d}", r) for d in (5, 6, 7) for r in ("r2", "r3")]
+    assert partition_status(year, StatusFilter(limit=3)) == everything[:3]
+
+
+def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
+    buf = io.StringIO()
+    n = write_json(year, buf, StatusFilter())
+    doc = json.loads(buf.getvalue())
+    assert n == 80 and doc == {"partitions": partition_status(year)}
+    empty = io.StringIO()
+    assert write_json(year, empty, StatusFilter(regions=("nowhere",))) == 0
+    assert json.loads(empty.getvalue()) == {"partitions": []}
+
+
+def test_a_large_ledger_shows_a_summary_and_what_needs_attention(year: Ledger) -> None:
+    lines = list(render_table(year))
+    text = "\n".join(lines)
+    assert len(lines) < 40, text
+    assert lines[0].startswith("partitions by tier:") and "2 enriched 8" in lines[0], lines[0]
+    assert "needing attention: 8" in text
+    attention = [ln for ln in lines if "FAILED" in ln and "correlate" in ln]
+    assert len(attention) == 8 and all("GraderError: risk out of range" in ln for ln in attention)
+    assert lines[-1] == "80 partitions; 72 published"
+    # a filtered listing shows the partitions themselves
+    listed = list(render_table(year, StatusFilter(failed=True), filtered=True))
+    assert len([ln for ln in listed if ln[:4] == "2026"]) == 8 and listed[-1] == "8 partitions; 0 published"
