@@ -131,27 +131,20 @@ class Databases:
         self.count = 0
         self.names: list[str] = []
 
-    def _connect(self):  # -> psycopg.Connection
-        import psycopg
-
-        return psycopg.connect(self.admin, autocommit=True, connect_timeout=10)
-
     def create(self) -> tuple[str, str]:
         """Create a ledger and a Dagster-storage database; return their DSNs (ledger migrated)."""
         import psycopg
-        from psycopg import sql
 
         from resources.errors import ConfigError
         from resources.ledger import Ledger
-        from resources.pgserver import with_database
+        from resources.pgserver import create_database, with_database
 
         self.count += 1
         ledger_db = f"{self.prefix}_{self.count}"
         dsns = []
         for name in (ledger_db, f"{ledger_db}_dagster"):
             try:
-                with self._connect() as conn:
-                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                create_database(self.admin, name)
             except psycopg.Error as exc:
                 raise ConfigError(f"bench: cannot create the scratch database {name} on the ledger's server "
                                   f"({exc.__class__.__name__}); the bench needs the CREATEDB right") from exc
@@ -166,12 +159,12 @@ class Databases:
 
     def drop_all(self) -> None:
         import psycopg
-        from psycopg import sql
+
+        from resources.pgserver import drop_database
 
         for name in reversed(self.names):
             try:
-                with self._connect() as conn:
-                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                drop_database(self.admin, name)
             except psycopg.Error as exc:
                 _say(f"could not drop the scratch database {name}: {exc.__class__.__name__}: {exc}")
         self.names.clear()
@@ -179,14 +172,14 @@ class Databases:
 
 def phase_seconds(ledger_dsn: str) -> dict[str, float]:
     """Seconds per phase summed over the partitions: ``completed_at - created_at`` of each head."""
-    import psycopg
+    from resources.ledger import Ledger
+    from resources.ledger_views import LedgerViews
 
-    with psycopg.connect(ledger_dsn, connect_timeout=10) as conn:
-        rows = conn.execute(
-            "SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8 FROM checkpoints"
-            " WHERE status = 'COMPLETED' AND superseded_at IS NULL GROUP BY phase"
-        ).fetchall()
-    return {phase: float(sec) for phase, sec in rows}
+    ledger = Ledger(ledger_dsn)
+    try:
+        return LedgerViews(ledger).phase_seconds()
+    finally:
+        ledger.close()
 
 
 # ---- children ----------------------------------------------------------------------------
@@ -446,12 +439,14 @@ def _child_commit(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _all_warm(dsn: str, writers: int) -> bool:
     """Whether ``writers`` client connections (one pool each) are open on the bench database."""
-    import psycopg
+    from resources.ledger import Ledger
+    from resources.ledger_views import LedgerViews
 
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                         " AND pid <> pg_backend_pid()").fetchone()[0]
-    return n >= writers
+    ledger = Ledger(dsn)
+    try:
+        return LedgerViews(ledger).other_connections() >= writers
+    finally:
+        ledger.close()
 
 
 CHILDREN = {"bare": _child_bare, "pipeline": _child_pipeline, "commit": _child_commit}

@@ -54,6 +54,7 @@ from resources.lake import LakeResource
 from resources.landing import Landing, LandingResource
 from resources.ledger import Event, Ledger
 from resources.ledger_resource import LedgerResource
+from resources.ledger_views import LedgerViews
 from resources.publisher import PublisherResource
 
 SENSOR_INTERVAL_S = 30
@@ -218,15 +219,6 @@ def _run_in_progress(instance: dg.DagsterInstance, run_id: str | None) -> bool:
     return run is not None and not run.is_finished
 
 
-def _latest_event_ids(ledger: Ledger, keys: list[str]) -> dict[str, int]:
-    rows = ledger.query(
-        "SELECT partition_key, max(event_id) AS last FROM checkpoint_events WHERE partition_key = ANY(%s)"
-        " GROUP BY partition_key",
-        (keys,),
-    )
-    return {r["partition_key"]: int(r["last"]) for r in rows}
-
-
 def continuation_request(p: Pending) -> dg.RunRequest:
     """The run of the phases after ``p.phase`` for ``p.partition_key``."""
     idx = [ph.name for ph in PHASES].index(p.phase)
@@ -273,7 +265,7 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         return OutboxDecision(OutboxCursor(after, {}), [], lines)
 
     keys = sorted(candidates)
-    latest = _latest_event_ids(ledger, keys)
+    latest = LedgerViews(ledger).last_event_ids(keys)
     heads = {(cp.partition_key, cp.phase): cp for cp in ledger.heads(keys)}
     pending: dict[str, Pending] = {}
     requests: list[dg.RunRequest] = []

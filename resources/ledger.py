@@ -386,9 +386,11 @@ class Ledger:
                    detail: dict[str, Any] | None = None) -> None:
         conn.execute(
             "INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
-            " input_hash, seq, attempt, tier, run_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (cp.id, cp.partition_key, cp.region_id, cp.day, cp.phase, status, cp.input_hash, cp.seq,
-             cp.attempt, cp.tier, run_id, Jsonb(detail or {})),
+            " input_hash, seq, attempt, tier, run_id, detail) VALUES (%(id)s, %(partition)s, %(region)s,"
+            " %(day)s, %(phase)s, %(status)s, %(input_hash)s, %(seq)s, %(attempt)s, %(tier)s, %(run)s, %(detail)s)",
+            {"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
+             "status": status, "input_hash": cp.input_hash, "seq": cp.seq, "attempt": cp.attempt, "tier": cp.tier,
+             "run": run_id, "detail": Jsonb(detail or {})},
         )
         conn.execute("SELECT pg_notify('stormlake_events', %s)", (f"{cp.partition_key}|{cp.phase}|{status}",))
 
@@ -436,9 +438,11 @@ class Ledger:
                     cp = cur.execute(
                         "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
                         " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
-                        " VALUES (%s,%s,%s,%s,%s,%s,'PENDING',%s,%s,%s,%s,%s) RETURNING *",
-                        (partition_key, region_id, day, phase, input_hash, key, schema_version, code_version,
-                         seq, seq, run_id),
+                        " VALUES (%(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
+                        " 'PENDING', %(schema)s, %(code)s, %(seq)s, %(seq)s, %(run)s) RETURNING *",
+                        {"partition": partition_key, "region": region_id, "day": day, "phase": phase,
+                         "input_hash": input_hash, "key": key, "schema": schema_version, "code": code_version,
+                         "seq": seq, "run": run_id},
                     ).fetchone()
             assert cp is not None
             recorded = {
@@ -465,11 +469,12 @@ class Ledger:
             # transaction, the receipt), so it is not made durable on its own.
             row = conn.execute(
                 "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
-                " SELECT id, %s, %s, %s, %s, %s, seq FROM checkpoints"
-                "  WHERE id = %s AND seq = %s AND status = 'PENDING'"
+                " SELECT id, %(key)s, %(kind)s, %(name)s, %(input)s, %(output)s, seq FROM checkpoints"
+                "  WHERE id = %(id)s AND seq = %(seq)s AND status = 'PENDING'"
                 " ON CONFLICT (checkpoint_id, call_key)"
                 " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now() RETURNING 1",
-                (call_key, kind, name, Jsonb(input), Jsonb(output), claim.id, claim.seq),
+                {"key": call_key, "kind": kind, "name": name, "input": Jsonb(input), "output": Jsonb(output),
+                 "id": claim.id, "seq": claim.seq},
             ).fetchone()
             if row is None:
                 raise FencingError(

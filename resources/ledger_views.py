@@ -367,11 +367,11 @@ class LedgerViews:
                                 " GROUP BY phase").fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
 
-    def connections(self) -> int:
-        """Sessions connected to the ledger's database now."""
+    def other_connections(self) -> int:
+        """Sessions connected to the ledger's database now, besides the one asking."""
         return int(self.ledger.read(
-            lambda c: c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-            .fetchone()[0], what="count connections"))
+            lambda c: c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                " AND pid <> pg_backend_pid()").fetchone()[0], what="count connections"))
 
     # ---- receipts ----------------------------------------------------------------------------
     def receipt_counts(self) -> list[ReceiptCounts]:

@@ -85,6 +85,18 @@ def ensure_database(admin_dsn: str, name: str) -> None:
         raise LedgerUnavailable(f"ledger server unreachable: {exc.__class__.__name__}") from exc
 
 
+def create_database(admin_dsn: str, name: str) -> None:
+    """Create database ``name`` on the server of ``admin_dsn`` (it must not exist yet)."""
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name`` if it exists, disconnecting its sessions."""
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 def with_database(dsn: str, database: str) -> str:
     """Return ``dsn`` pointing at ``database`` instead (keeps host, user, password, options)."""
     info = psycopg.conninfo.conninfo_to_dict(dsn)
