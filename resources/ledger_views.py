@@ -351,6 +351,12 @@ class LedgerViews:
 
         return self.ledger.read(q, what="read recent checkpoint events")
 
+    def last_event_id(self) -> int:
+        """The id of the newest checkpoint event (0 when there is none)."""
+        return int(self.ledger.read(
+            lambda c: c.execute("SELECT coalesce(max(event_id), 0) FROM checkpoint_events").fetchone()[0],
+            what="read the newest event id"))
+
     def last_event_ids(self, partition_keys: Sequence[str]) -> dict[str, int]:
         """partition key -> id of its newest checkpoint event (keys without events are left out)."""
         rows = self.ledger.read(

@@ -66,3 +66,20 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'stormlake_bench_%'").fetchall()
     assert not [d for (d,) in left if d.split("_")[2] == str(proc.pid)]
+
+
+def test_the_scale_grid_is_a_year_of_fifty_regions_around_the_real_partitions() -> None:
+    from pipeline.bench_scale import DAYS, FAILED_EVERY, PENDING_EVERY, REGIONS, scale_grid
+
+    real = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
+    grid = scale_grid(["gulf_coast", "pine_belt", "red_hills"], "2026-09-01", real)
+    keys = [g[0] for g in grid]
+    assert len(keys) == len(set(keys)) == DAYS * REGIONS - len(real)
+    assert not set(real) & set(keys)
+    assert {g[1] for g in grid} == {"gulf_coast", "pine_belt", "red_hills"} | {
+        f"region_{i:02d}" for i in range(4, REGIONS + 1)}
+    assert {g[3] for g in grid} == set(real)
+    kinds = [g[4] for g in grid]
+    assert kinds.count("failed") == len(grid) // FAILED_EVERY
+    assert 0 < kinds.count("pending") <= len(grid) // PENDING_EVERY
+    assert grid[-1][2] == "2027-08-31"
