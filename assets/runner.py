@@ -371,7 +371,7 @@ class PhaseRunner:
         args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,
                     input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
                     run_id=self.run_id)
-        look = self.ledger.decide(**args, claim=False)
+        look = self.ledger.look(**args)
         if look.skip:
             assert look.head is not None
             self.ledger.record_skip(look.head, self.run_id)
@@ -383,7 +383,7 @@ class PhaseRunner:
                 self.log(f"{phase.name} {part.key}: waiting for the lease held by another run ({waited:.0f} s)")
 
         with self.ledger.lease(part.key, phase.name, timeout_s=self.lease_timeout_s, on_wait=waiting):
-            decision = self.ledger.decide(**args, claim=True)
+            decision = self.ledger.claim(**args)
             if decision.skip:
                 assert decision.head is not None
                 self.log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")

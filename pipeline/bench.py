@@ -27,7 +27,7 @@ home ``$STORMLAKE_HOME/bench`` (wiped at the start):
     ledger's checkpoints (``completed_at - created_at`` of each head, summed per phase), + 0.05.
 
 (e) **checkpoint_commit_ms**: 4 writer processes, each with its own :class:`Ledger` (own pool),
-claim (``decide(claim=True)``), record the phase's calls, then ``complete()`` checkpoints of
+claim (``Ledger.claim``), record the phase's calls, then ``complete()`` checkpoints of
 distinct partitions, :data:`COMMIT_ITERATIONS` times each; the latency of ``complete()`` (the
 checkpoint commit transaction) gives p50 and p99. Same server as (b), its own database.
 
@@ -376,9 +376,9 @@ def _commit_worker(dsn: str, writer: int, iterations: int, day: str, start, queu
             region = f"bench_w{writer}_{i // len(PHASES)}"
             key = f"{day}|{region}"
             ih = hashlib.sha256(f"{key}|{phase.name}".encode()).hexdigest()
-            decision = led.decide(partition_key=key, region_id=region, day=day, phase=phase.name, input_hash=ih,
+            decision = led.claim(partition_key=key, region_id=region, day=day, phase=phase.name, input_hash=ih,
                                   schema_version=phase.schema_version, code_version=phase.code_version,
-                                  run_id=None, claim=True)
+                                  run_id=None)
             claim = decision.claim
             assert claim is not None
             for table in phase.tables:  # the phase's recorded Delta commits, as a real attempt has them

@@ -394,8 +394,23 @@ class Ledger:
         )
         conn.execute("SELECT pg_notify('stormlake_events', %s)", (f"{cp.partition_key}|{cp.phase}|{status}",))
 
-    def decide(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
-               schema_version: int, code_version: str, run_id: str | None, claim: bool) -> Decision:
+    def look(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
+             schema_version: int, code_version: str, run_id: str | None) -> Decision:
+        """Whether the phase would skip: a cheap look before taking the lease (no lock, no write)."""
+        return self._decide(partition_key=partition_key, region_id=region_id, day=day, phase=phase,
+                            input_hash=input_hash, schema_version=schema_version, code_version=code_version,
+                            run_id=run_id, claim=False)
+
+    def claim(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
+              schema_version: int, code_version: str, run_id: str | None) -> Decision:
+        """Under the lease: record a skip when the phase is current, else claim the attempt (a new
+        fencing token in ``Decision.claim``)."""
+        return self._decide(partition_key=partition_key, region_id=region_id, day=day, phase=phase,
+                            input_hash=input_hash, schema_version=schema_version, code_version=code_version,
+                            run_id=run_id, claim=True)
+
+    def _decide(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
+                schema_version: int, code_version: str, run_id: str | None, claim: bool) -> Decision:
         """Skip when the head is COMPLETED for this input hash and schema version; else claim.
 
         The head is found by the attempt's identity, its idempotency key (partition, phase, input

@@ -14,9 +14,9 @@ ARGS = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="
 
 
 def test_a_writer_whose_lease_was_taken_over_cannot_commit(ledger: Ledger) -> None:
-    first = ledger.decide(**ARGS, claim=True).claim
+    first = ledger.claim(**ARGS).claim
     # The first attempt lost its lease (its process hung, say); a newer attempt claims the phase.
-    second = ledger.decide(**ARGS, claim=True).claim
+    second = ledger.claim(**ARGS).claim
     assert first is not None and second is not None
     assert second.seq > first.seq and second.checkpoint.attempt == 2
     with pytest.raises(FencingError):
@@ -31,7 +31,7 @@ def test_a_writer_whose_lease_was_taken_over_cannot_commit(ledger: Ledger) -> No
 
 
 def test_a_completed_checkpoint_is_never_overwritten(ledger: Ledger, pg_dsn: str) -> None:
-    claim = ledger.decide(**ARGS, claim=True).claim
+    claim = ledger.claim(**ARGS).claim
     assert claim is not None
     ledger.complete(claim, state_hash="s1", summary={"rows": {}}, tier=3, tier_label="correlated", run_id="r")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -40,7 +40,7 @@ def test_a_completed_checkpoint_is_never_overwritten(ledger: Ledger, pg_dsn: str
         with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
             conn.execute("DELETE FROM checkpoints WHERE partition_key = %s", (KEY,))
     # The same input hash again is a skip, not a new attempt.
-    assert ledger.decide(**ARGS, claim=True).skip
+    assert ledger.claim(**ARGS).skip
 
 
 def test_migrations_rerun_is_a_no_op(ledger: Ledger) -> None:

@@ -26,7 +26,7 @@ ARGS: dict[str, Any] = dict(partition_key=KEY, region_id="gulf_coast", day="2026
 
 def _completed(ledger: Ledger, input_hash: str, **overrides: Any) -> Checkpoint:
     args = {**ARGS, **overrides}
-    claim = ledger.decide(**args, input_hash=input_hash, claim=True).claim
+    claim = ledger.claim(**args, input_hash=input_hash).claim
     assert claim is not None
     ledger.record_call(claim, call_key="k", kind="delta_commit", name="t", input={"a": 1}, output={"version": 3})
     return ledger.complete(claim, state_hash=f"s-{input_hash}", summary={"rows": {"t": 1}}, tier=3,
@@ -104,7 +104,7 @@ def test_every_column_of_a_completed_checkpoint_is_frozen(ledger: Ledger) -> Non
 def test_superseded_at_is_set_once_and_the_protocol_supersede_still_passes(ledger: Ledger) -> None:
     old = _completed(ledger, "h1")
     # The protocol: a new input hash supersedes the COMPLETED head (only superseded_at moves).
-    claim = ledger.decide(**ARGS, input_hash="h2", claim=True).claim
+    claim = ledger.claim(**ARGS, input_hash="h2").claim
     assert claim is not None and claim.id != old.id
     new = ledger.complete(claim, state_hash="s-h2", summary={}, tier=3, tier_label="correlated", run_id="r")
     assert ledger.head(KEY, "correlate") == new
@@ -125,10 +125,10 @@ def test_superseded_at_is_set_once_and_the_protocol_supersede_still_passes(ledge
 
 
 def test_pending_and_failed_checkpoints_still_move_through_the_protocol(ledger: Ledger) -> None:
-    first = ledger.decide(**ARGS, input_hash="h1", claim=True).claim
+    first = ledger.claim(**ARGS, input_hash="h1").claim
     assert first is not None
     assert ledger.fail(first, error_class="ValueError", error_message="boom", run_id="r")
-    again = ledger.decide(**ARGS, input_hash="h1", claim=True)
+    again = ledger.claim(**ARGS, input_hash="h1")
     assert again.claim is not None and again.claim.id == first.id and again.claim.checkpoint.attempt == 2
     done = ledger.complete(again.claim, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
     assert done.status == "COMPLETED" and done.error_class is None
@@ -148,8 +148,7 @@ def test_the_key_check_matches_idempotency_key_byte_for_byte(ledger: Ledger, par
     )[0]["k"]
     assert sql == idempotency_key(partition_key, phase, input_hash)
     # And the ledger's own insert passes the CHECK with it.
-    claim = ledger.decide(**{**ARGS, "partition_key": partition_key, "phase": phase}, input_hash=input_hash,
-                          claim=True).claim
+    claim = ledger.claim(**{**ARGS, "partition_key": partition_key, "phase": phase}, input_hash=input_hash).claim
     assert claim is not None and claim.checkpoint.idempotency_key == sql
 
 
@@ -191,7 +190,7 @@ def test_the_constraints_reject_a_wrong_key_and_a_duplicate_live_identity(ledger
 def test_inputs_going_a_b_a_make_a_second_live_row_under_a_key_used_before(ledger: Ledger) -> None:
     a1 = _completed(ledger, "A")
     b = _completed(ledger, "B")
-    look = ledger.decide(**ARGS, input_hash="A", claim=False)
+    look = ledger.look(**ARGS, input_hash="A")
     assert not look.skip and look.head == b  # A's key has no live row: the head is B
     a2 = _completed(ledger, "A")
     assert a2.id not in (a1.id, b.id) and a2.idempotency_key == a1.idempotency_key
@@ -199,17 +198,17 @@ def test_inputs_going_a_b_a_make_a_second_live_row_under_a_key_used_before(ledge
                         " ORDER BY id", (a1.idempotency_key,))
     assert [(r["id"], r["live"]) for r in rows] == [(a1.id, False), (a2.id, True)]
     # The skip decision finds the live row by the key, with the lease and without.
-    for claim in (False, True):
-        d = ledger.decide(**ARGS, input_hash="A", claim=claim)
+    for decide in (ledger.look, ledger.claim):
+        d = decide(**ARGS, input_hash="A")
         assert d.skip and d.head is not None and d.head.id == a2.id
-    assert not ledger.decide(**ARGS, input_hash="B", claim=False).skip
+    assert not ledger.look(**ARGS, input_hash="B").skip
 
 
 def test_a_schema_version_change_supersedes_a_row_of_the_same_identity(ledger: Ledger) -> None:
     cp = _completed(ledger, "h1")
     # A COMPLETED row under another schema version is not skipped, and is superseded by a row
     # of the same identity: the live-identity index allows that because the old row goes first.
-    d = ledger.decide(**{**ARGS, "schema_version": 2}, input_hash="h1", claim=True)
+    d = ledger.claim(**{**ARGS, "schema_version": 2}, input_hash="h1")
     assert not d.skip and d.claim is not None and d.claim.id != cp.id
     assert d.claim.checkpoint.idempotency_key == cp.idempotency_key
-    assert ledger.decide(**ARGS, input_hash="h1", claim=False).skip is False
+    assert ledger.look(**ARGS, input_hash="h1").skip is False

@@ -65,8 +65,8 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
 
 def _claim(ledger: Ledger, key: str, phase: str, input_hash: str):
     day, _, region = key.partition("|")
-    d = ledger.decide(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
-                      schema_version=1, code_version="1", run_id="r", claim=True)
+    d = ledger.claim(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
+                      schema_version=1, code_version="1", run_id="r")
     return d
 
 

@@ -228,10 +228,10 @@ def test_prune_keeps_every_old_event_until_a_reader_records_its_position(pg_dsn:
         args: dict[str, Any] = dict(partition_key=D1, region_id="gulf_coast", day="2026-09-01",
                                     schema_version=1, code_version="1", run_id="r")
         for input_hash in ("A", "B"):  # ingest: A completed, then superseded by B
-            claim = ledger.decide(**args, phase="ingest", input_hash=input_hash, claim=True).claim
+            claim = ledger.claim(**args, phase="ingest", input_hash=input_hash).claim
             assert claim is not None
             ledger.complete(claim, state_hash=input_hash, summary={}, tier=1, tier_label="ingested", run_id="r")
-        claim = ledger.decide(**args, phase="enrich", input_hash="E", claim=True).claim
+        claim = ledger.claim(**args, phase="enrich", input_hash="E").claim
         assert claim is not None
         ledger.fail(claim, error_class="ValueError", error_message="bad", run_id="r")  # a FAILED head
         backdate(pg_dsn)

@@ -21,8 +21,8 @@ NASTY = '<script>alert("boom")</script> & rows > 0 were \'quarantined\''
 
 def _claim(ledger: Ledger, key: str, phase: str, run_id: str, input_hash: str = "h1"):
     day, _, region = key.partition("|")
-    d = ledger.decide(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
-                      schema_version=1, code_version="1", run_id=run_id, claim=True)
+    d = ledger.claim(partition_key=key, region_id=region, day=day, phase=phase, input_hash=input_hash,
+                      schema_version=1, code_version="1", run_id=run_id)
     assert d.claim is not None
     return d.claim
 
