@@ -10,9 +10,7 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import html
 import io
 import os
 import tempfile
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from assets.phases import PHASES, TIER_LABELS
+from assets.transforms.pages import page_environment
 from pipeline.status import views
 from resources.ledger import Ledger
 from resources.ledger_views import (
@@ -340,10 +339,6 @@ def phases_png(data: ReportData) -> bytes:
 
 
 # ---- html -------------------------------------------------------------------------------------
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
 def _fmt_secs(s: float) -> str:
     if s < 1:
         return f"{s * 1000:.0f} ms"
@@ -375,257 +370,62 @@ def _ago(t: dt.datetime | None, now: dt.datetime) -> str:
     return f"{secs / 86400:.1f} days ago"
 
 
-def _tier_badge(tier: int) -> str:
-    return (f'<span class="tier" style="background:{TIER_COLORS[tier]};color:{TIER_TEXT[tier]}">'
-            f"{tier} {_e(TIER_LABELS[tier])}</span>")
+def _stalled(a: AttentionRow, now: dt.datetime) -> str:
+    if a.state != "PENDING" or a.updated_at is None:
+        return ""
+    return f" · {_ago(a.updated_at, now)}" + (" (stale?)" if now - a.updated_at > STALE_PENDING else "")
 
 
-def _status_badge(status: str) -> str:
-    cls = {"COMPLETED": "ok", "DELIVERED": "ok", "FAILED": "bad", "PENDING": "warn"}.get(status, "muted")
-    return f'<span class="st {cls}">{_e(status)}</span>'
+def _clip(text: str | None) -> str:
+    text = text or ""
+    if len(text) > MAX_MESSAGE_CHARS:
+        return text[:MAX_MESSAGE_CHARS] + f"… ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+    return text
 
 
-def _count_badge(n: int, cls: str) -> str:
-    return f'<span class="st {cls}">{int(n)}</span>' if n else ""
+def _verdict(data: ReportData, stale: int) -> dict[str, str]:
+    total, published = data.summary.partitions, data.summary.by_tier[LAST_TIER]
+    if data.summary.with_failure:
+        return {"text": f"{data.summary.with_failure} of {total} partitions have a FAILED phase; {published} published.",
+                "cls": "bad"}
+    if published == total:
+        return {"text": f"All {total} partitions are published (tier {LAST_TIER}).", "cls": "ok"}
+    waiting = f" ({stale} PENDING phases untouched for over {STALE_PENDING.seconds // 60} min)" if stale else ""
+    return {"text": f"{published} of {total} partitions published; {total - published} still on the way{waiting}.",
+            "cls": "warn"}
 
 
-def _img(png: bytes, alt: str) -> str:
-    b64 = base64.b64encode(png).decode("ascii")
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
-
-
-CSS = """
-:root { --fg:#1d2327; --muted:#667085; --line:#e4e7ec; --bad:#d7191c; --warn:#e66101; --ok:#1a7f37; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
-       color: var(--fg); margin: 0; background: #f6f7f9; }
-header { background: #12263a; color: #fff; padding: 18px 28px; }
-header h1 { margin: 0; font-size: 22px; }
-header p { margin: 4px 0 0; color: #c9d4df; }
-main { padding: 18px 28px 40px; max-width: 1500px; }
-section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 16px 20px;
-          margin: 0 0 18px; }
-h2 { font-size: 17px; margin: 0 0 10px; }
-p.note { color: var(--muted); margin: 4px 0 10px; }
-.cards { display: flex; flex-wrap: wrap; gap: 12px; }
-.card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; min-width: 130px; background: #fff; }
-.card .v { font-size: 24px; font-weight: 650; }
-.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .03em; }
-.card.bad { border-color: var(--bad); } .card.bad .v { color: var(--bad); }
-.card.warn { border-color: var(--warn); } .card.warn .v { color: var(--warn); }
-.card.ok .v { color: var(--ok); }
-.verdict { font-size: 16px; margin: 0 0 12px; font-weight: 600; }
-.verdict.bad { color: var(--bad); } .verdict.ok { color: var(--ok); } .verdict.warn { color: var(--warn); }
-img { max-width: 100%; height: auto; display: block; }
-table { border-collapse: collapse; width: 100%; font-size: 13px; }
-th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
-th { background: #f2f4f7; position: sticky; top: 0; font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.msg { max-width: 520px; white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
-td.mono, span.mono { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
-.tier { display: inline-block; padding: 1px 7px; border-radius: 10px; font-size: 12px; white-space: nowrap; border: 1px solid #bbb; }
-.st { font-weight: 600; font-size: 12px; } .st.ok { color: var(--ok); } .st.bad { color: var(--bad); }
-.st.warn { color: var(--warn); } .st.muted, .muted { color: var(--muted); }
-.scroll { max-height: 560px; overflow: auto; border: 1px solid var(--line); border-radius: 6px; }
-.empty { padding: 40px; text-align: center; color: var(--muted); font-size: 16px; }
-footer { color: var(--muted); font-size: 12px; padding: 0 28px 24px; }
-"""
-
-
-def _page(title_note: str, body: str, now: dt.datetime) -> str:
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>stormlake report — {_e(title_note)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-        "<header><h1>stormlake — where every batch stands</h1>"
-        f"<p>{_e(title_note)} · generated {_e(_fmt_time(now))} from the ledger</p></header>\n"
-        f"<main>\n{body}\n</main>\n"
-        "<footer>Tiers: 0 not_started · 1 ingested · 2 enriched · 3 correlated · 4 published. A tier is reached"
-        " only when that phase and every phase before it are COMPLETED on their upstream's current state."
-        "</footer>\n</body>\n</html>\n"
-    )
-
-
-def _card(key: str, value: Any, cls: str = "", sub: str = "") -> str:
-    extra = f'<div class="k">{_e(sub)}</div>' if sub else ""
-    return f'<div class="card {cls}"><div class="k">{_e(key)}</div><div class="v">{_e(value)}</div>{extra}</div>'
-
-
-def _headline(data: ReportData) -> str:
-    total = data.summary.partitions
-    failed = data.heads("FAILED")
-    pending = data.heads("PENDING")
+def render_page(data: ReportData, images: dict[str, bytes]) -> str:
+    """The page from its data and pictures, through ``templates/report.html.j2`` (autoescaped)."""
     stale = sum(c.stale for c in data.phase_counts)
-    pending_receipts = sum(r.pending for r in data.receipt_counts)
-    delivered = sum(r.delivered for r in data.receipt_counts)
-    published = data.summary.by_tier[LAST_TIER]
-    failed_parts = data.summary.with_failure
-    if failed_parts:
-        verdict = (f"{failed_parts} of {total} partitions have a FAILED phase; "
-                   f"{published} published.", "bad")
-    elif published == total:
-        verdict = (f"All {total} partitions are published (tier {LAST_TIER}).", "ok")
-    else:
-        verdict = (f"{published} of {total} partitions published; {total - published} still on the way"
-                   + (f" ({stale} PENDING phases untouched for over {STALE_PENDING.seconds // 60} min)" if stale else "")
-                   + ".", "warn")
-    cards = [_card("partitions", total)]
-    for t in range(LAST_TIER + 1):
-        n = data.summary.by_tier[t]
-        cards.append(_card(f"tier {t} · {TIER_LABELS[t]}", n, "ok" if t == LAST_TIER and n else ""))
-    cards.append(_card("failed phases", failed, "bad" if failed else ""))
-    cards.append(_card("pending phases", pending, "warn" if pending else "", f"{stale} stale" if stale else ""))
-    cards.append(_card("pending receipts", pending_receipts, "warn" if pending_receipts else "",
-                       f"{delivered} delivered"))
-    la = data.last_activity
-    cards.append(_card("last activity", _fmt_time(la) if la else "—", "", _ago(la, data.now)))
-    return (f'<section id="headline"><h2>Headline</h2><p class="verdict {verdict[1]}">{_e(verdict[0])}</p>'
-            f'<div class="cards">{"".join(cards)}</div></section>')
-
-
-def _attention_row(a: AttentionRow, now: dt.datetime) -> str:
-    stalled = ""
-    if a.state == "PENDING" and a.updated_at is not None:
-        stalled = f" · {_ago(a.updated_at, now)}" + (" (stale?)" if now - a.updated_at > STALE_PENDING else "")
-    msg = a.error_message or ""
-    if len(msg) > MAX_MESSAGE_CHARS:
-        msg = msg[:MAX_MESSAGE_CHARS] + f"… ({len(msg) - MAX_MESSAGE_CHARS} more characters)"
-    also = (' <span class=muted>(also failed: ' + _e(", ".join(a.also_failed)) + ")</span>") if a.also_failed else ""
-    state = _status_badge(a.state) if a.state in ("FAILED", "PENDING") else _e(a.state)
-    return (
-        f"<tr><td class=mono>{_e(a.day)}</td><td>{_e(a.region)}</td><td>{_tier_badge(a.tier)}</td>"
-        f"<td>{_e(a.phase)}{also}</td><td>{state}{_e(stalled)}</td>"
-        f"<td class=mono>{_e(a.error_class or '')}</td><td class=msg>{_e(msg)}</td>"
-        f"<td class=num>{_e(a.attempts if a.attempts is not None else '')}</td>"
-        f"<td class=mono>{_e(a.run_id or '')}</td></tr>"
-    )
-
-
-def _attention(data: ReportData) -> str:
-    if not data.attention_total:
-        return ('<section id="attention"><h2>Partitions needing attention</h2>'
-                f'<p class="note">None: every partition is at tier {LAST_TIER} with no failed phase.</p></section>')
-    shown = len(data.attention)
-    more = (f'<p class="note">… and {data.attention_total - shown} more (failed first, then pending, stale, not run;'
-            " <span class=mono>stormlake status --failed</span> or <span class=mono>--tier N</span> lists them).</p>"
-            if data.attention_total > shown else "")
-    return (
-        '<section id="attention"><h2>Partitions needing attention</h2>'
-        f'<p class="note">{data.attention_total} partitions are not at tier {LAST_TIER} or have a failed phase. '
-        'Each row names the phase the partition is held at.</p>'
-        '<div class="scroll"><table><thead><tr><th>day</th><th>region</th><th>tier</th><th>held at phase</th>'
-        '<th>state</th><th>error class</th><th>message</th><th class=num>attempts</th><th>last run id</th></tr>'
-        f'</thead><tbody>{"".join(_attention_row(a, data.now) for a in data.attention)}</tbody></table></div>'
-        f"{more}</section>"
-    )
-
-
-def _regions_table(data: ReportData) -> str:
-    per = {r.region: r for r in data.regions}
-    body = []
-    for rid in _region_axis(set(per), data.region_names):
-        c = per[rid]
-        cells = "".join(f"<td class=num>{c.by_tier[t] or ''}</td>" for t in range(LAST_TIER + 1))
-        body.append(
-            f"<tr><td class=mono>{_e(rid)}</td><td>{_e(data.region_names.get(rid, ''))}</td>"
-            f"<td class=num>{c.partitions}</td>{cells}"
-            f"<td class=num>{_count_badge(c.with_failure, 'bad')}</td>"
-            f"<td class=num>{c.with_pending or ''}</td></tr>"
-        )
-    heads = "".join(f"<th class=num>{t} {_e(TIER_LABELS[t])}</th>" for t in range(LAST_TIER + 1))
-    return (
-        '<section id="regions"><h2>Per region</h2><div class="scroll"><table><thead><tr><th>region</th><th>name</th>'
-        f'<th class=num>partitions</th>{heads}<th class=num>with failure</th><th class=num>with pending</th></tr>'
-        f'</thead><tbody>{"".join(body)}</tbody></table></div></section>'
-    )
-
-
-def _deliveries(data: ReportData) -> str:
-    if not data.receipt_counts:
-        return ('<section id="deliveries"><h2>Deliveries</h2>'
-                '<p class="note">No receipts yet: nothing has been delivered or prepared for delivery.</p></section>')
-    rows = "".join(
-        f"<tr><td>{_e(r.target)}</td><td class=mono>{_e(r.kind)}</td>"
-        f"<td class=num>{r.delivered}</td>"
-        f"<td class=num>{_count_badge(r.pending, 'warn') or 0}</td>"
-        f"<td class=num>{r.revisions}</td><td class=num>{r.attempts}</td>"
-        f"<td class=num>{r.with_error or ''}</td><td>{_e(_fmt_time(r.last_delivered))}</td></tr>"
-        for r in data.receipt_counts
-    )
-    totals: Counter = Counter()
+    totals: dict[str, Counter] = {}
     for r in data.receipt_counts:
-        totals[(r.target, "DELIVERED")] += r.delivered
-        totals[(r.target, "PENDING")] += r.pending
-    targets = sorted({t for t, _ in totals})
-    summary = " · ".join(
-        f"{_e(t)}: {totals[(t, 'DELIVERED')]} delivered, {totals[(t, 'PENDING')]} pending" for t in targets
-    )
-    revs = "".join(
-        f"<tr><td class=mono>{_e(r.idempotency_key)}</td><td>{_e(r.target)}</td>"
-        f"<td>{_status_badge(r.status)}</td><td class=mono>{_e(r.supersedes or '—')}</td>"
-        f"<td class=num>{r.attempts}</td><td class=msg>{_e((r.last_error or '')[:MAX_MESSAGE_CHARS])}</td>"
-        f"<td>{_e(_fmt_time(r.delivered_at or r.created_at))}</td></tr>"
-        for r in data.revisions
-    )
-    return (
-        f'<section id="deliveries"><h2>Deliveries</h2><p class="note">{summary}</p>'
-        '<table><thead><tr><th>target</th><th>kind</th><th class=num>delivered</th><th class=num>pending</th>'
-        '<th class=num>revisions (supersede another)</th><th class=num>delivery attempts</th>'
-        '<th class=num>with last error</th><th>last delivered</th></tr></thead>'
-        f'<tbody>{rows}</tbody></table>'
-        f'<h2 style="margin-top:16px">Latest revisions</h2><p class="note">The {len(data.revisions)} most recent receipts;'
-        ' <em>supersedes</em> names the delivered revision each one replaces.</p>'
-        '<div class="scroll"><table><thead><tr><th>artifact</th><th>target</th><th>status</th><th>supersedes</th>'
-        '<th class=num>attempts</th><th>last error</th><th>delivered / prepared</th></tr></thead>'
-        f'<tbody>{revs}</tbody></table></div></section>'
-    )
-
-
-def _recent(data: ReportData) -> str:
-    rows = "".join(
-        f"<tr><td class=num>{r.event_id}</td><td>{_e(_fmt_time(r.at))}</td>"
-        f"<td class=mono>{_e(r.partition_key)}</td><td>{_e(r.phase)}</td><td>{_status_badge(r.status)}</td>"
-        f"<td class=mono>{_e(r.run_id or '')}</td></tr>"
-        for r in data.recent_events
-    )
-    return (
-        '<section id="activity"><h2>Recent activity</h2>'
-        f'<p class="note">The last {len(data.recent_events)} checkpoint events, newest first.</p>'
-        '<table><thead><tr><th class=num>event</th><th>at</th><th>partition</th><th>phase</th><th>status</th>'
-        f'<th>run id</th></tr></thead><tbody>{rows}</tbody></table></section>'
+        totals.setdefault(r.target, Counter())["DELIVERED"] += r.delivered
+        totals[r.target]["PENDING"] += r.pending
+    days = sorted({c.day for c in data.grid})
+    note = (f"{data.summary.partitions} partitions, {len(data.regions)} regions, days {days[0]} … {days[-1]}"
+            if days else "nothing has run yet")
+    per_region = {r.region: r for r in data.regions}
+    env = page_environment("pipeline")
+    env.filters.update(time=_fmt_time, ago=_ago, stalled=_stalled, clip=_clip)
+    return env.get_template("report.html.j2").render(
+        data=data, images=images, note=note, now=data.now, verdict=_verdict(data, stale),
+        headline={"failed": data.heads("FAILED"), "pending": data.heads("PENDING"), "stale": stale,
+                  "pending_receipts": sum(r.pending for r in data.receipt_counts),
+                  "delivered": sum(r.delivered for r in data.receipt_counts)},
+        delivery_totals=sorted(totals.items()),
+        regions=[per_region[r] for r in _region_axis(set(per_region), data.region_names)],
+        region_names=data.region_names, tiers=range(LAST_TIER + 1), last_tier=LAST_TIER,
+        tier_labels=TIER_LABELS, tier_colors=TIER_COLORS, tier_text=TIER_TEXT,
+        week_columns_after=WEEK_COLUMNS_AFTER,
     )
 
 
 def render_report_with_images(ledger: Ledger) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
     data = collect(ledger)
-    if not data.summary.partitions:
-        body = (
-            '<section><div class="empty"><strong>Nothing has run yet.</strong><br>The ledger holds no checkpoint:'
-            " run <span class=mono>stormlake demo</span> or <span class=mono>stormlake backfill</span>,"
-            " then <span class=mono>stormlake report</span> again.</div></section>"
-        )
-        if data.receipt_counts:
-            body += _deliveries(data)
-        return _page("nothing has run yet", body, data.now), {}
-    images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)}
-    days = sorted({c.day for c in data.grid})
-    note = (f"{data.summary.partitions} partitions, {len(data.regions)} regions, days {days[0]} … {days[-1]}")
-    body = "\n".join([
-        _headline(data),
-        '<section id="heatmap"><h2>Tier by day and region</h2><p class="note">Each cell is one partition, coloured'
-        " by the tier it reached; a red X marks a partition with a FAILED phase, an orange ring one with a phase"
-        " PENDING (running, or stalled if it stays).</p>" + _img(images["heatmap.png"], "tier heat map") + "</section>",
-        '<section id="phases"><h2>Where batches stall and where time goes</h2><p class="note">Left: the head'
-        " checkpoint of each phase over all partitions (grey: no checkpoint yet), with the heads that needed more"
-        " than one attempt. Right: time from claim to COMPLETED per attempt.</p>"
-        + _img(images["phases.png"], "phase status and durations") + "</section>",
-        _attention(data),
-        _regions_table(data),
-        _deliveries(data),
-        _recent(data),
-    ])
-    return _page(note, body, data.now), images
+    images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)} if data.summary.partitions else {}
+    return render_page(data, images), images
 
 
 def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None) -> None:

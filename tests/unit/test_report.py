@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import base64
-import html
 import re
 from pathlib import Path
 
+import markupsafe
 import psycopg
 import pytest
 
@@ -82,7 +82,7 @@ def test_report_shows_where_every_batch_stands(populated: Ledger, tmp_path: Path
     for region in ("gulf_coast", "pine_belt", "red_hills"):
         assert region in page
     # the failed partition's error, escaped, with its class, attempts and last run id
-    assert html.escape(NASTY, quote=True) in page
+    assert str(markupsafe.escape(NASTY)) in page
     assert "<script>" not in page and NASTY not in page
     attention = page[page.index('id="attention"'):page.index('id="regions"')]
     assert "QualityGateError" in attention and "run-ccc" in attention
