@@ -26,14 +26,15 @@ from collections.abc import Iterable, Mapping
 import dagster as dg
 
 from assets.partitions import PARTITIONS, landing_keys, split_key
+from resources import dagster_compat
 from resources.landing import PARTITION_FILES, Landing, LandingResource
 
 LANDING_FILES = "landing_files"
 LANDING_KEY = dg.AssetKey(LANDING_FILES)
 LANDING_GROUP = "landing"
-# The tag an observation's data version is stored under (dagster._core.definitions.data_version
-# .DATA_VERSION_TAG); Dagster indexes it, so the latest version of many partitions is one query.
-DATA_VERSION_TAG = "dagster/data_version"
+# The tag an observation's data version is stored under (Dagster's own; not exported). Dagster
+# indexes it, so the latest version of many partitions is one query.
+DATA_VERSION_TAG = dagster_compat.data_version_tag()
 
 
 def landing_version(landing: Landing, region_id: str, day: str) -> str:
@@ -54,12 +55,7 @@ def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
 
 def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[str, str]:
     """Partition key -> data version of its latest observation of ``landing_files`` (one query)."""
-    keys = [str(k) for k in keys]
-    if not keys:
-        return {}
-    tags = instance.event_log_storage.get_latest_tags_by_partition(
-        LANDING_KEY, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG], asset_partitions=keys)
-    return {k: t[DATA_VERSION_TAG] for k, t in tags.items() if DATA_VERSION_TAG in t}
+    return dagster_compat.latest_observation_versions(instance, LANDING_KEY, keys)
 
 
 def changed_versions(instance: dg.DagsterInstance, landing: Landing, keys: Iterable[str]) -> dict[str, str]:
@@ -103,15 +99,13 @@ def observe_for_ingest(context: dg.AssetExecutionContext, landing: LandingResour
     observations are compared against) once, when the step starts, before this body runs. An
     observation logged here is stored at once but would not be seen by that read: the
     materialization would point before it, and the observation would then count as a change. So
-    the cached read is dropped and done again right after (Dagster's ``DataVersionCache``, reached
-    through ``get_step_execution_context()``, Dagster's own hook for framework code). Handles every
-    partition of the step (a range run has several). Returns the versions logged, by partition key.
+    the step reads it again right after (:func:`resources.dagster_compat.refresh_input_version`:
+    Dagster has no public way to). Handles every partition of the step (a range run has several).
+    Returns the versions logged, by partition key.
     """
     zone = landing.get()
     changed = changed_versions(context.instance, zone, context.partition_keys)
     for obs in observations(changed):
         context.log_event(obs)
-    step = context.get_step_execution_context()
-    step.wipe_input_asset_version_info(LANDING_KEY)
-    step.maybe_fetch_and_get_input_asset_version_info(LANDING_KEY)
+    dagster_compat.refresh_input_version(context, LANDING_KEY)
     return changed

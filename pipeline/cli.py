@@ -260,53 +260,73 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     _prepare(settings)
+    if args.dotenv:
+        from pipeline.instance import write_dotenv
+
+        target = write_dotenv(Path.cwd(), settings)
+        print(f"wrote {target}: Dagster's CLI run in this folder (dg dev, dg launch, ...) uses the instance "
+              f"{os.environ['DAGSTER_HOME']}")
+        return 0
     print(f"export DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     print(f"export STORMLAKE_HOME={settings.home}")
     return 0
 
 
+DEV_STOP_S = 150  # dg dev gives the webserver and then the daemon up to 60 s each to stop
+
+
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    """``dg dev`` (webserver, daemon and one code server) on this instance, 127.0.0.1 only.
+
+    PostgreSQL is started first when embedded, and stopped last, after ``dg dev`` has stopped its
+    processes.
+    """
     from resources.pgserver import stop_embedded
 
     embedded = not settings.pg_dsn
     _prepare(settings)
-    env = dict(os.environ)
-    bindir = Path(sys.executable).parent
-    # The same location name as workspace.yaml and [tool.dagster] ("stormlake"): Dagster keys
+    # The code location resolves the same settings in whatever folder dg dev's processes run.
+    env = dict(os.environ, STORMLAKE_HOME=str(settings.home))
+    # The same location name as workspace.yaml and [tool.dg.project] ("stormlake"): Dagster keys
     # sensor and schedule state by it, so the UI started either way shares that state.
     workspace = Path(env["DAGSTER_HOME"]) / "workspace.yaml"
     workspace.write_text("load_from:\n  - python_module:\n      module_name: pipeline.definitions\n"
                          "      location_name: stormlake\n")
-    common = ["-w", str(workspace)]
-    procs = [
-        subprocess.Popen([str(bindir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(args.port), *common], env=env),
-        subprocess.Popen([str(bindir / "dagster-daemon"), "run", *common], env=env),
-    ]
-    print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it", file=sys.stderr)
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
 
+    # Handlers first: dg dev inherits an ignored SIGINT (a shell's background job) and would then
+    # ignore SIGTERM too (Dagster maps SIGTERM to the SIGINT handler); a handled one reaches it as
+    # the default.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    dg = Path(sys.executable).parent / "dg"
+    # A session of its own: Ctrl-C reaches this process only, which stops dg dev (it stops the
+    # webserver and the daemon) before PostgreSQL, and whatever of it is left goes as one group.
+    proc = subprocess.Popen([str(dg), "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(args.port)],
+                            env=env, start_new_session=True)
+    print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it", file=sys.stderr)
     try:
-        while not stopping and all(p.poll() is None for p in procs):
+        while not stopping and proc.poll() is None:
             time.sleep(0.3)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
             try:
-                p.wait(20)
+                proc.wait(DEV_STOP_S)
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of its group: a hung server, a run worker
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
         if embedded:
             stop_embedded(settings.pgdata)
-    failed = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, 143)]
-    return 1 if (failed and not stopping) else 0
+    return 1 if (proc.returncode not in (0, -signal.SIGTERM, 143) and not stopping) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, help="at most this many partitions")
     s.set_defaults(fn=cmd_status)
 
-    u = sub.add_parser("ui", help="Dagster webserver and daemon on this instance")
+    u = sub.add_parser("ui", help="dg dev (Dagster webserver and daemon) on this instance")
     u.add_argument("--port", type=int, default=3000)
     u.set_defaults(fn=cmd_ui)
 
@@ -369,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("action", choices=["start", "stop", "status"])
     d.set_defaults(fn=cmd_db)
 
-    sub.add_parser("env", help="print the exports that point Dagster's own CLI at this instance").set_defaults(fn=cmd_env)
+    e = sub.add_parser("env", help="print the exports that point Dagster's own CLI at this instance")
+    e.add_argument("--dotenv", action="store_true",
+                   help="instead, write them as defaults into ./.env, which dg and dagster read in this folder")
+    e.set_defaults(fn=cmd_env)
     return p
 
 

@@ -1,17 +1,21 @@
 """The code location: the only ``dg.Definitions`` of stormlake.
 
-``dagster dev -w workspace.yaml``, ``dagster asset materialize -m pipeline.definitions`` and
-``dg launch`` all load ``defs`` from here. Settings come from the environment (contract
+``dg dev``, ``dg launch --assets … --partition …`` and the contract's ``dagster asset materialize
+-m pipeline.definitions`` all load ``defs`` from here. Settings come from the environment (contract
 section 1); the ledger DSN and the webhook URL are read through ``dg.EnvVar`` so they are never
 shown in the UI or logged.
 
-Besides the four phase assets (group ``storm``, ``storm_job``) the location holds the observable
-source asset ``landing_files`` (group ``landing``, ``assets/landing_files.py``), the input of
-ingest, and the ``observe_landing`` job that observes it.
+The four phases are one multi-asset each, with one asset per Delta table they write (ten tables,
+grouped by phase: groups ``ingest``, ``enrich``, ``correlate``, ``present``; ``storm_job`` runs
+them all), each with its code reference (file and line of the phase's function). Besides them
+the location holds the observable source asset ``landing_files`` (group ``landing``,
+``assets/landing_files.py``), the input of ingest's tables, and the ``observe_landing`` job that
+observes it.
 
 The schedules and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
 registered STOPPED: nothing launches on its own until an operator turns it on in the UI
-(Automation) or with ``dagster schedule start`` / ``dagster sensor start``.
+(Automation) or with ``dagster schedule start <name>`` / ``dagster sensor start <name>`` in the
+project folder.
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
     }
 
 
-PHASE_ASSETS = [ingested_batch, enriched_outages, storm_correlation, operational_picture]
-SOURCE_ASSETS = [landing_files]  # observed, never materialized
+# One multi-asset per phase (its tables), in protocol order, each pointing at its source code.
+PHASE_ASSETS = list(dg.with_source_code_references(
+    [ingested_batch, enriched_outages, storm_correlation, operational_picture]))
+SOURCE_ASSETS = list(dg.with_source_code_references([landing_files]))  # observed, never materialized
 
 defs = dg.Definitions(
     assets=[*SOURCE_ASSETS, *PHASE_ASSETS],

@@ -17,6 +17,13 @@ from backfills), every phase writes through a concurrency pool of its own, and r
 worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
 not retried by the daemon: transient step errors already have the assets' retry policy, and a
 failed grader or bad input would only fail again.
+
+Dagster's own CLI finds this instance through ``DAGSTER_HOME``. ``dg dev``, ``dg launch``, ``dg
+check defs``, ``dg list defs`` (and ``dagster ...``) read the ``.env`` of the folder they run in
+before they make their instance, so stormlake keeps one in the project folder
+(:func:`write_dotenv`): whenever a stormlake command prepares the project folder's own home
+(``./.stormlake``, the default), and on ``stormlake env --dotenv`` for any other settings. Its
+values are defaults: a variable set in the shell wins.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import psycopg
 
+from resources import dagster_compat
 from resources.pgserver import resolve_dsns
 from resources.settings import Settings
 
@@ -34,6 +42,8 @@ MAX_CONCURRENT_RUNS = 4
 MAX_BACKFILL_RUNS = 2
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DOTENV_MARK = "# written by stormlake"
 _POOLS_LOCK = 7_406_002  # advisory lock id serialising the creation of the pool rows
 
 
@@ -55,12 +65,10 @@ def dagster_yaml(url_literal: str | None) -> str:
     """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL."""
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
+# The run coordinator is Dagster's default, the queued one; `concurrency` sets its limits.
 storage:
   postgres:
     postgres_url: {url}
-run_coordinator:
-  module: dagster.core.run_coordinator
-  class: QueuedRunCoordinator
 concurrency:
   runs:
     max_concurrent_runs: {MAX_CONCURRENT_RUNS}
@@ -105,7 +113,59 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
         os.replace(tmp, target)
     os.environ["DAGSTER_HOME"] = str(home)
     ensure_pools(dagster_dsn)
+    if settings.home.resolve() == (PROJECT_ROOT / ".stormlake").resolve() and is_dg_project(PROJECT_ROOT):
+        write_dotenv(PROJECT_ROOT, settings)
     return home, ledger_dsn
+
+
+def is_dg_project(folder: Path) -> bool:
+    """Whether ``folder`` is a Dagster project (``[tool.dg]`` in its pyproject.toml), as in a checkout."""
+    pyproject = folder / "pyproject.toml"
+    return pyproject.is_file() and "[tool.dg]" in pyproject.read_text(encoding="utf-8")
+
+
+def dotenv_settings(settings: Settings) -> dict[str, str]:
+    """The variables the project's ``.env`` sets for Dagster's CLI (no secret among them).
+
+    ``STORMLAKE_PG_DSN`` is there only without a password; a DSN with one stays in the shell.
+    """
+    values = {"STORMLAKE_HOME": str(settings.home), "DAGSTER_HOME": str(settings.dagster_home)}
+    if settings.pg_dsn and not psycopg.conninfo.conninfo_to_dict(settings.pg_dsn).get("password"):
+        values["STORMLAKE_PG_DSN"] = settings.pg_dsn
+    return values
+
+
+def write_dotenv(folder: Path, settings: Settings) -> Path:
+    """Write (or update) ``folder/.env`` so that Dagster's CLI run there uses this instance.
+
+    Each value is written as ``KEY="${KEY:-value}"``: Dagster's CLI loads the file over the
+    environment (python-dotenv expands the default), so a variable set in the shell still wins.
+    Lines of other variables are kept; lines stormlake wrote before (marked) are replaced.
+    Written only when it changes, to a temporary name first (several processes may write).
+    """
+    target = folder / ".env"
+    values = dotenv_settings(settings)
+    kept: list[str] = []
+    if target.exists():
+        for line in target.read_text(encoding="utf-8").splitlines():
+            key = line.split("=", 1)[0].strip().removeprefix("export ").strip()
+            if line.rstrip().endswith(DOTENV_MARK) or key in values:
+                continue
+            kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+
+    def quoted(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+
+    ours = [f"# Dagster's CLI run in this folder (dg dev, dg launch, ...) uses stormlake's instance  {DOTENV_MARK}"]
+    ours += [f'{key}="${{{key}:-{quoted(value)}}}"  {DOTENV_MARK}' for key, value in values.items()]
+    text = "\n".join([*kept, *([""] if kept else []), *ours]) + "\n"
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        tmp = target.with_name(f".env.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    return target
 
 
 def pool_keys() -> list[str]:
@@ -135,11 +195,7 @@ def ensure_pools(dagster_dsn: str) -> None:
     with conn:
         # One process at a time: the others wait here, then find the rows made.
         conn.execute("SELECT pg_advisory_lock(%s)", (_POOLS_LOCK,))
-        try:
-            have = {r[0] for r in conn.execute(
-                "SELECT concurrency_key FROM concurrency_limits WHERE concurrency_key = ANY(%s)", (keys,))}
-        except psycopg.errors.UndefinedTable:
-            have = set()  # a fresh instance: Dagster creates its tables below
+        have = dagster_compat.pool_keys_with_limits(conn, keys)  # none on a fresh instance
         missing = [k for k in keys if k not in have]
         if not missing:
             return
@@ -149,67 +205,20 @@ def ensure_pools(dagster_dsn: str) -> None:
         with dg.DagsterInstance.get() as instance:
             # What Dagster does after creating its tables: mark its data migrations done (nothing
             # to migrate in empty tables). Each one already marked is skipped.
-            instance.run_storage.migrate()
-            instance.run_storage.optimize()
-            instance.event_log_storage.reindex_events()
-            instance.event_log_storage.reindex_assets()
-            instance.schedule_storage.migrate()
-            instance.schedule_storage.optimize()
+            dagster_compat.mark_new_storage_migrated(instance)
             for key in missing:
-                instance.event_log_storage.initialize_concurrency_limit_to_default(key)
-
-
-def _dagster_metadata() -> list:
-    from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
-    from dagster._core.storage.runs.schema import RunStorageSqlMetadata
-    from dagster._core.storage.schedules.schema import ScheduleStorageSqlMetadata
-
-    return [RunStorageSqlMetadata, SqlEventLogStorageMetadata, ScheduleStorageSqlMetadata]
+                dagster_compat.init_pool_limit(instance, key)
 
 
 def complete_dagster_storage(dagster_dsn: str) -> list[str]:
     """Create whatever of Dagster's tables and indexes is missing, all in one transaction.
 
-    dagster-postgres creates its tables on an autocommit connection, one statement at a time,
-    and only when its main table (``runs``, ``event_logs``, ``jobs``) is missing. A process
-    killed in the middle of that (a backfill stopped in its first second on a fresh database)
-    leaves some tables made; every later start sees the main table, skips the creation, and
-    runs fail on a missing one (``relation "asset_keys" does not exist``). Here the creation
-    is one PostgreSQL transaction (DDL is transactional there), so it happens whole or not at
-    all, and a half-made storage left by an earlier version or by Dagster's own tools is
-    completed. Nothing is ever dropped: the tables may share the ledger's database.
+    A process killed while dagster-postgres creates its tables (one autocommit statement at a
+    time) leaves a half-made storage that Dagster never completes; here the creation is one
+    PostgreSQL transaction, whole or not at all, and a half-made storage is completed (see
+    :func:`resources.dagster_compat.complete_storage`). Nothing is ever dropped.
 
     Called under the advisory lock of :func:`ensure_pools`. Returns the tables and indexes
     it created.
     """
-    import dagster_postgres.event_log.event_log as pg_event_log
-    import sqlalchemy as sa
-    from dagster._core.storage.sql import stamp_alembic_rev
-    from dagster_postgres.utils import pg_alembic_config
-
-    metadata = _dagster_metadata()
-    engine = sa.create_engine(sqlalchemy_url(dagster_dsn), poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            inspector = sa.inspect(conn)
-            have = set(inspector.get_table_names())
-            tables = [t for m in metadata for t in m.sorted_tables]
-            missing_tables = [t for t in tables if t.name not in have]
-            missing_indexes = []  # of tables that are there already (a new table brings its own)
-            for table in tables:
-                if table.name in have and table.indexes:
-                    named = {ix["name"] for ix in inspector.get_indexes(table.name)}
-                    missing_indexes += [ix for ix in table.indexes if ix.name not in named]
-            if not missing_tables and not missing_indexes:
-                return []
-            stamped = "alembic_version" in have and conn.execute(
-                sa.text("SELECT count(*) FROM alembic_version")).scalar()
-            for m in metadata:
-                m.create_all(conn, tables=[t for t in missing_tables if t.metadata is m])
-            for index in missing_indexes:
-                index.create(conn)
-            if not stamped:
-                stamp_alembic_rev(pg_alembic_config(pg_event_log.__file__), conn)
-        return [t.name for t in missing_tables] + [ix.name for ix in missing_indexes]
-    finally:
-        engine.dispose()
+    return dagster_compat.complete_storage(sqlalchemy_url(dagster_dsn))

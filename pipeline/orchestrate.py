@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from assets.phases import PHASES
+from resources import dagster_compat
 from resources.errors import LedgerUnavailable
 
 ASSET_PHASE = {p.asset: p.name for p in PHASES}
@@ -56,7 +57,7 @@ class PartitionRun:
         return self.error_class in DB_DOWN_CLASSES
 
 
-_WRAPPERS = ("DagsterExecutionStepExecutionError", "RetryRequestedFromPolicy", "RetryRequested")
+_WRAPPERS = dagster_compat.step_error_wrappers()
 
 
 def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
@@ -180,15 +181,14 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
             alive = True
         if alive:
             continue
-        instance.report_run_failed(run, "the stormlake process running it died; the next run resumes from the ledger")
-        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        dagster_compat.fail_dead_run(
+            instance, run, "the stormlake process running it died; the next run resumes from the ledger")
         reaped += 1
     return reaped
 
 
 MAX_PARTITIONS_PER_RUN = 8
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
+RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
 
 
 def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[list[str]]:
@@ -270,7 +270,7 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
         instance = dg.DagsterInstance.get()
         # dagster-postgres opens a new connection per storage call by default (NullPool); a
         # CLI process running many runs back to back keeps a small pool instead.
-        instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
+        dagster_compat.pool_storage_connections(instance, max_overflow=4)
     except Exception as exc:
         if _db_down(exc):
             raise LedgerUnavailable(

@@ -31,7 +31,7 @@
     a cursor that was not stored (a tick that died) is read again from events that still exist.
 
 Both are STOPPED by default (turn them on in the UI under Automation, or with
-``dagster sensor start landing_sensor -m pipeline.definitions``): a fresh install should not launch
+``dagster sensor start landing_sensor`` in the project folder): a fresh install should not launch
 runs until an operator says so.
 """
 

@@ -45,7 +45,6 @@ from resources.errors import (
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK = 7_406_001  # advisory lock id serialising migrations between processes
-PHASES = ("ingest", "enrich", "correlate", "present")
 T = TypeVar("T")
 
 _TRANSIENT = (

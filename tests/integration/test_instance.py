@@ -38,9 +38,9 @@ def _tables(dsn: str) -> set[str]:
 
 
 def _expected_tables() -> set[str]:
-    from pipeline.instance import _dagster_metadata
+    from resources.dagster_compat import storage_tables
 
-    return {t.name for m in _dagster_metadata() for t in m.sorted_tables}
+    return {t.name for t in storage_tables()}
 
 
 def _assert_usable(dsn: str) -> None:
@@ -72,16 +72,16 @@ def test_fresh_storage_is_created_in_one_go(dagster_db: str) -> None:
 def test_storage_half_made_by_a_killed_process_is_completed(dagster_db: str) -> None:
     """dagster-postgres made ``snapshots``, ``runs`` and ``event_logs``, then the process died (autocommit DDL)."""
     import dagster as dg
-    from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
-    from dagster._core.storage.runs.schema import RunStorageSqlMetadata
 
     from pipeline.instance import complete_dagster_storage, ensure_pools, sqlalchemy_url
+    from resources.dagster_compat import storage_tables
 
+    tables = {t.name: t for t in storage_tables()}
     engine = sa.create_engine(sqlalchemy_url(dagster_db), isolation_level="AUTOCOMMIT")
     try:
-        RunStorageSqlMetadata.tables["snapshots"].create(engine)
-        RunStorageSqlMetadata.tables["runs"].create(engine)
-        SqlEventLogStorageMetadata.tables["event_logs"].create(engine)
+        tables["snapshots"].create(engine)
+        tables["runs"].create(engine)
+        tables["event_logs"].create(engine)
         with engine.connect() as conn:  # and one index of a table that exists was not made yet
             conn.execute(sa.text("DROP INDEX IF EXISTS idx_step_key"))
     finally:

@@ -1,0 +1,278 @@
+"""What ``resources/dagster_compat.py`` relies on in Dagster's internals, checked against a real
+instance on PostgreSQL.
+
+After a Dagster upgrade, run this file first: each test names the internal symbol (or table,
+column, tag, behaviour) that moved, and the compat function that needs a new route.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import psycopg
+import pytest
+from psycopg import sql
+
+from resources import dagster_compat as compat
+from resources.pgserver import with_database
+
+VERSION = dg.__version__
+
+
+def _fail(what: str, relied_on_by: str) -> str:
+    return (f"Dagster {VERSION}: {what}. resources/dagster_compat.py:{relied_on_by} relies on it; "
+            f"see that function's docstring for why, and find the new route.")
+
+
+# (dotted module, attribute path, parameters that must be there, compat function relying on it)
+PRIVATE = [
+    ("dagster._core.definitions.data_version", "DATA_VERSION_TAG", None, "data_version_tag"),
+    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_START_TAG", None, "partition_range_tags"),
+    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_END_TAG", None, "partition_range_tags"),
+    ("dagster._core.execution.plan.utils", "RetryRequestedFromPolicy", None, "step_error_wrappers"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.get_latest_tags_by_partition",
+     ("asset_key", "event_type", "tag_keys", "asset_partitions"), "latest_observation_versions"),
+    ("dagster._core.execution.context.asset_execution_context", "AssetExecutionContext.get_step_execution_context",
+     (), "refresh_input_version"),
+    ("dagster._core.execution.context.system", "StepExecutionContext.wipe_input_asset_version_info", ("key",),
+     "refresh_input_version"),
+    ("dagster._core.execution.context.system", "StepExecutionContext.maybe_fetch_and_get_input_asset_version_info",
+     ("key",), "refresh_input_version"),
+    ("dagster._core.instance.instance", "DagsterInstance.report_run_failed", ("dagster_run", "message"),
+     "fail_dead_run"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.free_concurrency_slots_for_run", ("run_id",),
+     "fail_dead_run"),
+    ("dagster._core.instance.instance", "DagsterInstance.optimize_for_webserver",
+     ("statement_timeout", "pool_recycle", "max_overflow"), "pool_storage_connections"),
+    ("dagster._core.storage.event_log.schema", "SqlEventLogStorageMetadata", None, "storage_tables"),
+    ("dagster._core.storage.runs.schema", "RunStorageSqlMetadata", None, "storage_tables"),
+    ("dagster._core.storage.schedules.schema", "ScheduleStorageSqlMetadata", None, "storage_tables"),
+    ("dagster._core.storage.sql", "stamp_alembic_rev", ("alembic_config", "conn"), "complete_storage"),
+    ("dagster_postgres.utils", "pg_alembic_config", None, "complete_storage"),
+    ("dagster._core.storage.runs.base", "RunStorage.migrate", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.runs.base", "RunStorage.optimize", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.reindex_events", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.reindex_assets", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.schedules.base", "ScheduleStorage.migrate", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.schedules.base", "ScheduleStorage.optimize", (), "mark_new_storage_migrated"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.initialize_concurrency_limit_to_default",
+     ("concurrency_key",), "init_pool_limit"),
+]
+
+
+@pytest.mark.parametrize(("module", "path", "params", "user"), PRIVATE, ids=[f"{m}.{p}" for m, p, _, _ in PRIVATE])
+def test_the_private_symbols_are_still_there(module: str, path: str, params: tuple[str, ...] | None,
+                                             user: str) -> None:
+    import importlib
+
+    try:
+        obj: object = importlib.import_module(module)
+    except ImportError as exc:
+        pytest.fail(_fail(f"module {module} is gone ({exc})", user))
+    for part in path.split("."):
+        assert hasattr(obj, part), _fail(f"{module}.{path} is gone (no {part!r})", user)
+        obj = getattr(obj, part)
+    if params is not None:
+        signature = inspect.signature(obj)  # type: ignore[arg-type]
+        missing = [p for p in params if p not in signature.parameters]
+        assert not missing, _fail(f"{module}.{path}{signature} has no parameter(s) {missing}", user)
+
+
+@pytest.fixture
+def instance(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
+    """An instance on a fresh database, as ``stormlake`` writes it (``dagster.yaml`` on PostgreSQL)."""
+    from pipeline.instance import dagster_yaml, ensure_pools, sqlalchemy_url
+
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_database(pg_admin_dsn, name)
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("STORMLAKE_TEST_DAGSTER_DSN", dsn)
+    ensure_pools(dsn)
+    try:
+        with dg.DagsterInstance.get() as inst:
+            yield inst
+    finally:
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_data_version_tag_is_the_one_dagster_reads() -> None:
+    tag = compat.data_version_tag()
+    obs = dg.AssetObservation(asset_key="a", tags={tag: "v1"})
+    assert obs.data_version == "v1", _fail(f"an observation tagged {tag!r} no longer has that data version",
+                                           "data_version_tag")
+
+
+def test_latest_observation_versions_reads_the_latest_per_partition(instance: dg.DagsterInstance) -> None:
+    key = dg.AssetKey("source")
+    tag = compat.data_version_tag()
+    for partition, version in [("a", "1"), ("b", "1"), ("a", "2")]:
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, partition=partition,
+                                                                tags={tag: version}))
+    instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, partition="c"))  # no version
+    got = compat.latest_observation_versions(instance, key, ["a", "b", "c", "never"])
+    assert got == {"a": "2", "b": "1"}, _fail(f"the latest observed versions read {got}",
+                                              "latest_observation_versions")
+    assert compat.latest_observation_versions(instance, key, []) == {}
+
+
+def _provenance_pointer(instance: dg.DagsterInstance, asset: str, source: dg.AssetKey) -> int | None:
+    mat = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0]
+    provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
+    return provenance.input_storage_ids.get(source) if provenance else None
+
+
+def test_refresh_input_version_points_the_materialization_at_the_step_s_own_observation(
+        instance: dg.DagsterInstance) -> None:
+    source = dg.AssetKey("files")
+    tag = compat.data_version_tag()
+
+    @dg.observable_source_asset(name="files")
+    def files() -> dg.DataVersion:
+        return dg.DataVersion("old")
+
+    def reader(refresh: bool):  # an asset that observes its own input first, as ingest does
+        @dg.asset(name=f"reader_{'refreshed' if refresh else 'plain'}", deps=[files])
+        def _reader(context) -> dg.MaterializeResult:  # (a string annotation would not resolve here)
+            context.log_event(dg.AssetObservation(asset_key=source, tags={tag: f"new-{refresh}"}))
+            if refresh:
+                compat.refresh_input_version(context, source)
+            return dg.MaterializeResult()
+
+        return _reader
+
+    instance.report_runless_asset_event(dg.AssetObservation(asset_key=source, tags={tag: "old"}))
+    for refresh in (True, False):
+        asset = reader(refresh)
+        result = dg.materialize([files, asset], selection=[asset.key], instance=instance)
+        assert result.success
+        latest = instance.fetch_observations(source, limit=1).records[0].storage_id
+        pointer = _provenance_pointer(instance, asset.key.to_user_string(), source)
+        if refresh:
+            assert pointer == latest, _fail(
+                f"after refresh_input_version the materialization points at {pointer}, not at the step's own "
+                f"observation {latest}", "refresh_input_version")
+        else:
+            assert pointer is not None and pointer < latest, (
+                f"Dagster {VERSION} now reads an input's latest observation after the step logged one "
+                f"(pointer {pointer}, latest {latest}): resources/dagster_compat.py:refresh_input_version may "
+                f"not be needed any more")
+
+
+def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.DagsterInstance) -> None:
+    @dg.asset
+    def one() -> None:
+        return None
+
+    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
+    pool = "stormlake_ingest"
+    instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "one")
+    assert run.run_id in instance.event_log_storage.get_concurrency_info(pool).active_run_ids
+
+    compat.fail_dead_run(instance, run, "its process died")
+    record = instance.get_run_record_by_id(run.run_id)
+    assert record is not None and record.dagster_run.status == dg.DagsterRunStatus.FAILURE, _fail(
+        f"the run is {record.dagster_run.status if record else None} after report_run_failed", "fail_dead_run")
+    failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    assert [e.message for e in failures] == ["its process died"], _fail("the failure message is lost", "fail_dead_run")
+    assert run.run_id not in instance.event_log_storage.get_concurrency_info(pool).active_run_ids, _fail(
+        "the dead run still holds its pool slot", "fail_dead_run")
+
+
+def _idle_connections(admin_dsn: str, database: str) -> int:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                            (database,)).fetchone()[0]
+
+
+def test_pool_storage_connections_keeps_connections_open(instance: dg.DagsterInstance, pg_admin_dsn: str) -> None:
+    import os
+
+    database = str(psycopg.conninfo.conninfo_to_dict(os.environ["STORMLAKE_TEST_DAGSTER_DSN"])["dbname"])
+    instance.get_runs(limit=1)
+    assert _idle_connections(pg_admin_dsn, database) == 0  # dagster-postgres's default: a connection per call
+    compat.pool_storage_connections(instance, max_overflow=4)
+    instance.get_runs(limit=1)
+    assert _idle_connections(pg_admin_dsn, database) >= 1, _fail(
+        "optimize_for_webserver no longer keeps a connection pool", "pool_storage_connections")
+
+
+def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from alembic.script import ScriptDirectory
+    from dagster_postgres.event_log import event_log as pg_event_log
+    from dagster_postgres.utils import pg_alembic_config
+
+    from pipeline.instance import dagster_yaml, sqlalchemy_url
+
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_database(pg_admin_dsn, name)
+    try:
+        names = {t.name for t in compat.storage_tables()}
+        for table in ("runs", "event_logs", "asset_keys", "jobs", "concurrency_limits", "concurrency_slots"):
+            assert table in names, _fail(f"Dagster's storage metadata has no table {table}", "storage_tables")
+        with psycopg.connect(dsn) as conn:
+            assert compat.pool_keys_with_limits(conn, ["k"]) == set()  # no table yet
+
+        created = compat.complete_storage(sqlalchemy_url(dsn))
+        assert names <= set(created)
+        assert compat.complete_storage(sqlalchemy_url(dsn)) == []
+        head = ScriptDirectory.from_config(pg_alembic_config(pg_event_log.__file__)).get_current_head()
+        with psycopg.connect(dsn) as conn:
+            stamped = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
+        assert stamped == [head], _fail(f"the storage is stamped {stamped}, the alembic head is {head}",
+                                        "complete_storage")
+
+        home = tmp_path / "dagster"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        with dg.DagsterInstance.get() as inst:
+            compat.mark_new_storage_migrated(inst)
+            assert inst.event_log_storage.has_secondary_index("asset_key_table"), _fail(
+                "reindex_assets no longer marks asset_key_table", "mark_new_storage_migrated")
+            assert inst.run_storage.has_built_index("run_partitions"), _fail(
+                "the run storage's migrate/optimize no longer marks run_partitions", "mark_new_storage_migrated")
+            compat.init_pool_limit(inst, "k")
+            info = inst.event_log_storage.get_concurrency_info("k")
+            assert info.slot_count == inst.global_op_concurrency_default_limit == 2, _fail(
+                f"pool k has {info.slot_count} slots, not the default limit", "init_pool_limit")
+        with psycopg.connect(dsn) as conn:
+            assert compat.pool_keys_with_limits(conn, ["k", "other"]) == {"k"}, _fail(
+                "concurrency_limits (concurrency_key) does not list the pool", "pool_keys_with_limits")
+    finally:
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_step_error_wrappers_are_what_a_failed_step_reports(instance: dg.DagsterInstance) -> None:
+    class PhaseError(Exception):
+        pass
+
+    @dg.asset(retry_policy=dg.RetryPolicy(max_retries=1))
+    def failing() -> None:
+        raise PhaseError("boom")
+
+    result = dg.materialize([failing], instance=instance, raise_on_error=False)
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    err = failure.step_failure_data.error
+    seen = []
+    while err is not None and err.cls_name in compat.step_error_wrappers():
+        seen.append(err.cls_name)
+        err = err.cause
+    assert err is not None and err.cls_name == "PhaseError", _fail(
+        f"a failed step's error unwraps through {seen} to {err.cls_name if err else None}, not to the step's own",
+        "step_error_wrappers")
+    assert "RetryRequestedFromPolicy" in seen or "DagsterExecutionStepExecutionError" in seen
