@@ -5,14 +5,20 @@ Contract section 3 is the rule book. Each file is read once as bytes and judged 
 1. **Whole file** (raises :class:`InputFileError`, nothing is returned): missing, binary (a NUL
    byte), not UTF-8 (names the line of the first bad byte), empty / blank header line, header not
    valid CSV, duplicate or missing required column(s).
-2. **Structure** (per physical line; quarantined with ``field`` null), in order: a bare carriage
-   return, unbalanced quotes (an odd number of ``"``), malformed quoting (``"ab"c``), a field
-   count that differs from the header's. Quoted fields follow RFC 4180 (``"tree, limb"``,
-   ``""`` for a quote). Each physical line is one row: a quoted value spanning lines is not
-   supported, so each of its lines is quarantined on its own terms (the opening one as
-   unbalanced quotes), which keeps every ``line`` physical and correct. Empty lines are not rows
-   (nor are trailing whitespace-only lines); a UTF-8 BOM before the header is ignored. Only the
-   sound lines are handed to Arrow's CSV reader (all columns as text).
+2. **Structure** (per record; quarantined with ``field`` null). Records follow RFC 4180 and read
+   as Python's csv module reads them: a quoted field may hold commas, ``""`` for a quote, and
+   line breaks (LF, CRLF or CR), so one record can span physical lines. A row is a record: it is
+   counted once, its ``line`` is the physical line it starts on and its ``raw`` is its full text.
+   Lines end in LF or CRLF. In order: a carriage return outside quotes that does not end a line;
+   unbalanced quotes (a value opened by a quote and still open at the end of the file: only the
+   line that opened it is quarantined and reading resumes on the next line, so one stray quote
+   cannot swallow the rest of the file); malformed quoting (``"ab"c``; a quote inside an unquoted
+   field, ``12" pipe``, is text as for the csv module); a field count that differs from the
+   header's (for a record spanning lines the reason names its last line). Empty lines are not
+   rows (nor are trailing whitespace-only lines); a UTF-8 BOM before the header is ignored, and
+   a quoted header name may span lines too. Only the sound records are handed to Arrow's CSV
+   reader (all columns as text), told to expect line breaks in values only when one of them has
+   one (that parse is slower). Finding records is vectorized (see :func:`_records`).
 3. **Rules** (vectorized; the first rule a row breaks is its one quarantine reason), in order:
 
    - outages: event_id non-empty; event_id unique (the first occurrence in the file owns the id,
@@ -38,8 +44,10 @@ from __future__ import annotations
 import codecs
 import csv
 import datetime as dt
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+import io
+import re
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import h3
@@ -92,15 +100,42 @@ class IngestResult:
 
 @dataclass
 class _Parsed:
-    """A structurally read file: string columns of the structurally sound rows, plus the rest."""
+    """A structurally read file: string columns of the structurally sound records, plus the rest."""
 
     rel: str
-    cols: dict[str, pa.Array]  # required columns, trimmed, one entry per sound row
-    lines: np.ndarray  # physical line (1-based) of each sound row
-    bad: list[tuple[int, str]]  # (line, reason) of structurally broken rows
-    rows_read: int
+    cols: dict[str, pa.Array]  # required columns, trimmed, one entry per sound record
+    lines: np.ndarray  # physical line (1-based) each sound record starts on
+    bad: list[tuple[int, str]]  # (start line, reason) of structurally broken records
+    rows_read: int  # records, not physical lines
     extra: tuple[str, ...]
-    raw: Callable[[Sequence[int]], list[str]]  # physical lines -> their exact text
+    raw: Callable[[Sequence[int]], list[str]]  # start lines -> the exact text of those records
+
+
+@dataclass
+class _Records:
+    """The data records of a file, as ranges of physical lines (indices into ``starts``/``ends``)."""
+
+    first: np.ndarray  # the line each record starts on
+    last: np.ndarray  # the line it ends on: ``first`` unless a quoted value holds a line break
+    start: np.ndarray  # byte offset of each record
+    end: np.ndarray  # byte offset just past its text (before its line end)
+    spanning: np.ndarray  # the records that span lines (few), ascending
+    quotes: np.ndarray  # byte offsets of every quote in the records
+    quote_commas: np.ndarray  # commas in the file before each quote
+    quote_rec: np.ndarray  # the record of each quote
+    quote_local: np.ndarray  # its index among its record's quotes
+    irregular: np.ndarray  # a quote stands where RFC 4180 puts none: the csv module reads the record
+    unclosed: np.ndarray  # a quoted value opened on the line is never closed before the end of file
+
+
+@dataclass
+class _Scan:
+    """Where the bytes that shape records are: one pass over the file finds all four kinds."""
+
+    quotes: np.ndarray  # byte offsets of every quote
+    quote_commas: np.ndarray  # commas before each quote
+    crs: np.ndarray  # byte offsets of every carriage return
+    commas_to: np.ndarray  # commas before the end of each physical line
 
 
 def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
@@ -122,7 +157,16 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputFileError(rel, f"not UTF-8 (byte 0x{data[exc.start]:02x})", line=line) from None
     arr = np.frombuffer(data, dtype=np.uint8)
-    newlines = np.flatnonzero(arr == 10)
+    # One pass finds every byte the structure depends on (LF, comma, quote, CR); each kind's
+    # offsets come from that short list, and running counts along it give commas per line and
+    # before each quote, so no per-line search is needed.
+    at = _find_structural(arr)
+    kind = arr[at]
+    is_nl, is_quote = kind == 10, kind == 34
+    commas = np.cumsum(kind == 44, dtype=np.int32 if at.size < 2**31 else np.int64)  # commas up to each hit
+    newlines = at[is_nl]
+    scan = _Scan(at[is_quote], commas[is_quote], at[kind == 13],
+                 np.append(commas[is_nl], commas[-1] if commas.size else 0))
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     starts = np.concatenate(([bom], newlines + 1)).astype(np.int64)
     ends = np.concatenate((newlines, [len(data)])).astype(np.int64)  # exclusive, before "\n"
@@ -132,108 +176,283 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
         n -= 1
     if n == 0 or not data[starts[0] : ends[0]].strip():
         raise InputFileError(rel, "empty file (no header row)", line=1)
-    try:
-        header = [h.strip() for h in next(csv.reader([data[starts[0] : ends[0]].decode("utf-8")], strict=True))]
-    except csv.Error as exc:
-        raise InputFileError(rel, f"header row is not valid CSV ({exc})", line=1) from None
-    dupes = sorted({h for h in header if h in required and header.count(h) > 1})
+    header, h = _header(data, starts, ends, n, rel)
+    dupes = sorted({c for c in header if c in required and header.count(c) > 1})
     if dupes:
         raise InputFileError(rel, f"duplicate column(s): {', '.join(dupes)}", line=1)
     missing = [c for c in required if c not in header]
     if missing:
         raise InputFileError(rel, f"missing required column(s): {', '.join(missing)}", line=1)
-    extra = tuple(h for h in header if h not in required)
+    extra = tuple(c for c in header if c not in required)
 
-    ds, de = starts[1:n], ends[1:n]
-    nfields, problems = _structure(data, arr, starts[:n], ends[:n])
-    empty = de == ds  # empty lines are not rows
-    for i in np.flatnonzero((nfields != len(header)) & ~empty):
-        problems.setdefault(int(i), f"wrong number of fields: expected {len(header)}, got {int(nfields[i])}")
-    sound = ~empty
+    recs = _records(data, arr, starts, ends, h, n, scan)
+    first, last, rs, re_ = recs.first, recs.last, recs.start, recs.end
+    nfields, problems, breaks = _structure(data, arr, recs, scan)
+    for r in np.flatnonzero(nfields != len(header)):
+        problems.setdefault(int(r), f"wrong number of fields: expected {len(header)}, got {int(nfields[r])}")
+    for r in recs.spanning.tolist():  # a record's line is where it starts: say where it ends
+        if r in problems:
+            problems[r] += f" (the record spans lines {first[r] + 1}-{last[r] + 1})"
+    sound = np.ones(len(first), bool)
     sound[list(problems)] = False
     sound_idx = np.flatnonzero(sound)
 
-    # Hand Arrow only the sound lines: the runs between broken lines are contiguous byte ranges.
+    # Hand Arrow only the sound records: the runs between broken ones are contiguous byte ranges.
     view = memoryview(data)
     cut = sorted(problems)
-    pieces, prev = [], int(ds[0]) if len(ds) else 0
-    for i in cut:
-        pieces.append(view[prev : ds[i]])
-        prev = int(ds[i + 1]) if i + 1 < len(ds) else int(de[i])
-    if len(ds):
-        pieces.append(view[prev : max(prev, int(de[-1]))])
+    pieces, prev = [], int(rs[0]) if len(rs) else 0
+    for r in cut:
+        pieces.append(view[prev : rs[r]])
+        prev = int(starts[last[r] + 1]) if last[r] + 1 < len(starts) else int(re_[r])
+    if len(rs):
+        pieces.append(view[prev : max(prev, int(re_[-1]))])
     body = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # no copy in the common case
-    names = [h if h in required else f"_extra_{k}" for k, h in enumerate(header)]
+    names = [c if c in required else f"_extra_{k}" for k, c in enumerate(header)]
     if sound_idx.size:
         convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in required}, include_columns=list(required),
                                        strings_can_be_null=False, quoted_strings_can_be_null=False)
+        # Line breaks inside values make Arrow find row ends by parsing, which is slower: only then.
+        parse = pacsv.ParseOptions(newlines_in_values=bool(breaks.size and sound[breaks].any()))
         try:  # every column as text: the rules below decide what a value means, not type inference
-            table = pacsv.read_csv(pa.BufferReader(pa.py_buffer(body)), convert_options=convert,
+            table = pacsv.read_csv(pa.BufferReader(pa.py_buffer(body)), convert_options=convert, parse_options=parse,
                                    read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20))
         except pa.ArrowInvalid as exc:
             raise InputFileError(rel, f"not valid CSV ({str(exc).splitlines()[0]})") from None
         if table.num_rows != sound_idx.size:
-            raise InputFileError(rel, f"not valid CSV ({table.num_rows} rows parsed, {sound_idx.size} lines)")
+            raise InputFileError(rel, f"not valid CSV ({table.num_rows} rows parsed, {sound_idx.size} records)")
         cols = {c: pc.utf8_trim_whitespace(table.column(c).combine_chunks()) for c in required}
     else:
         cols = {c: pa.array([], pa.string()) for c in required}
 
+    spans = {int(first[r]): int(last[r]) for r in recs.spanning}
+
     def raw(lines: Sequence[int]) -> list[str]:
-        return [data[starts[k - 1] : ends[k - 1]].decode("utf-8") for k in lines]
+        return [data[starts[k - 1] : ends[spans.get(k - 1, k - 1)]].decode("utf-8") for k in lines]
 
-    bad = [(i + 2, problems[i]) for i in cut]
-    return _Parsed(rel, cols, sound_idx + 2, bad, int((~empty).sum()), extra, raw)
+    bad = [(int(first[r]) + 1, problems[r]) for r in cut]
+    return _Parsed(rel, cols, first[sound_idx] + 1, bad, len(first), extra, raw)
 
 
-def _structure(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Count the fields of every data line; return (counts, {data line index: structural problem}).
+def _find_structural(arr: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
+    """Offsets of every LF, comma, quote and CR, ascending.
 
-    Vectorized: fields = commas + 1 - commas inside quotes, where "inside" is an odd running
-    count of quotes (one pass over the bytes). That equals RFC 4180 parsing while every quote
-    opens a field, closes one or is half of an escaped ``""``; only lines breaking that shape
-    are re-counted by the csv module (rare).
+    A chunk at a time, into two masks reused throughout: small buffers stay in cache and take no
+    fresh pages, where whole-file masks would cost a page fault per 4 KiB of file.
     """
-    ds, de = starts[1:], ends[1:]
-    problems: dict[int, str] = {}
-    commas = np.flatnonzero(arr == 44)
-    nfields = np.searchsorted(commas, de) - np.searchsorted(commas, ds) + 1
-    if not len(ds):
-        return nfields, problems
+    hit, tmp = np.empty(min(chunk, arr.size), bool), np.empty(min(chunk, arr.size), bool)
+    found = []
+    for lo in range(0, arr.size, chunk):
+        part = arr[lo : lo + chunk]
+        mask, scratch = hit[: part.size], tmp[: part.size]
+        np.equal(part, 10, out=mask)
+        for byte in (44, 34, 13):
+            mask |= np.equal(part, byte, out=scratch)
+        found.append(np.flatnonzero(mask) + lo)
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
 
-    def line_of(pos: np.ndarray) -> np.ndarray:  # data-line index of positions on data lines
-        return np.unique(np.searchsorted(ds, pos, side="right") - 1)
 
-    cr = np.flatnonzero(arr[ds[0] : de[-1]] == 13) + ds[0]
-    for i in line_of(cr[arr[cr + 1] != 10]):  # a CR that is not part of CRLF
-        problems[int(i)] = "line contains a bare carriage return"
-    quote = arr == 34
-    q = np.flatnonzero(quote[ds[0] : de[-1]]) + ds[0]
+def _header(data: bytes, starts: np.ndarray, ends: np.ndarray, n: int, rel: str) -> tuple[list[str], int]:
+    """Parse the header record; return (its names, trimmed; the number of physical lines it takes)."""
+
+    def lines() -> Iterator[str]:  # line by line with their line ends: a quoted name may span lines
+        for k in range(n):
+            yield data[starts[k] : starts[k + 1] if k + 1 < n else ends[k]].decode("utf-8")
+
+    reader = csv.reader(lines(), strict=True)
+    try:
+        header = [c.strip() for c in next(reader)]
+    except csv.Error as exc:
+        raise InputFileError(rel, f"header row is not valid CSV ({exc})", line=1) from None
+    return header, reader.line_num
+
+
+def _records(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, h: int, n: int,
+             scan: _Scan) -> _Records:
+    """Group the data lines ``[h, n)`` into records: a line break inside a quoted value is data.
+
+    Vectorized per line: its quote count, and whether every quote stands where RFC 4180 puts one
+    (an opening quote starts a field, a closing quote ends one, ``""`` is a closing and an opening
+    quote back to back), both for a line that starts outside a quoted value and for one that
+    starts inside. Such a line leaves a value open exactly when its start state flipped by its
+    quote count says so; the rare other lines are read by :func:`_ends_inside`. Only the lines
+    that can leave a value open are visited one by one, so a file without quoted line breaks
+    costs a few array passes. A value still open at the end of the file quarantines only the
+    line that opened it, and reading resumes on the next line.
+    """
+    ds, de = starts[h:n], ends[h:n]
+    text = de > ds  # empty lines are not records
+    if text.all():  # the usual file: its lines are its records, their bytes views of the line arrays
+        nonempty, rs, re_, pick = np.arange(h, n), ds, de, slice(h, n)
+    else:
+        nonempty = pick = np.flatnonzero(text) + h
+        rs, re_ = starts[nonempty], ends[nonempty]
+    lo, hi = np.searchsorted(scan.quotes, [starts[h], ends[n - 1]] if h < n else [0, 0])
+    q, qc = scan.quotes[lo:hi], scan.quote_commas[lo:hi]
+    none, no = np.zeros(len(nonempty), bool), np.zeros(0, np.int64)
     if not q.size:
-        return nfields, problems
-    inside = np.bitwise_xor.accumulate(quote.view(np.uint8))
-    flips = inside[np.maximum(ends - 1, 0)] ^ inside[np.maximum(starts - 1, 0)]  # odd quotes on the line
-    if starts[0] == 0:  # the header has no byte before it: inside[0] already counted its quote
-        flips[0] ^= quote[0]
-    if flips.any():  # close every unbalanced line at its end so the next line starts outside quotes
-        quote = quote.copy()
-        quote[ends[flips.astype(bool) & (ends < arr.size)]] ^= True
-        inside = np.bitwise_xor.accumulate(quote.view(np.uint8))
-    odd = flips[1:].astype(bool)
-    quoted = commas[(inside[commas] == 1) & (commas >= ds[0]) & (commas < de[-1])]
-    nfields -= np.bincount(np.searchsorted(ds, quoted, side="right") - 1, minlength=len(ds))
-    prev, nxt = arr[q - 1], arr[np.minimum(q + 1, arr.size - 1)]
-    shaped = np.where(inside[q] == 1, (prev == 44) | (prev == 10) | (prev == 34),
-                      (nxt == 44) | (nxt == 10) | (nxt == 13) | (nxt == 34) | (q + 1 == arr.size))
-    for i in np.flatnonzero(odd):
-        problems.setdefault(int(i), "unbalanced quotes (a quoted value spanning lines is not supported)")
-    for i in line_of(q[~shaped]):
-        if odd[i]:
+        return _Records(nonempty, nonempty, rs, re_, no, q, qc, no, no, none, none)
+    line = np.searchsorted(starts, q, side="right") - 1  # the physical line of each quote (ascending)
+    local = _rank(line)  # its index among that line's quotes
+    prev, nxt = arr[q - 1], arr[np.minimum(q + 1, arr.size - 1)]  # q >= 1: the header comes first
+    at_field = (q == starts[line]) | (prev == 44)
+    opens = at_field | (prev == 34)
+    closes = (q + 1 == ends[line]) | (nxt == 44) | (nxt == 34)
+    even = (local & 1) == 0
+    heads = np.flatnonzero(local == 0)
+    odd_lines = line[heads[(np.diff(heads, append=q.size) & 1) == 1]]
+    # Starting outside, a line's quotes open, close, open, ...; starting inside, close, open, ...
+    out_lines, in_lines = line[np.where(even, ~opens, ~closes)], line[np.where(even, ~closes, ~opens)]
+    odd, misplaced_out, misplaced_in = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    odd[odd_lines] = misplaced_out[out_lines] = misplaced_in[in_lines] = True
+    # Read from outside, a line none of whose quotes starts a field (``12" pipe``) opens no value:
+    # every quote on it is text, for the csv module and Arrow alike.
+    can_open = np.zeros(n, bool)
+    can_open[line[at_field]] = True
+    text_quotes = misplaced_out & ~can_open
+
+    def ends_inside(k: int, inside: bool) -> bool:
+        if not (misplaced_in if inside else misplaced_out)[k]:
+            return inside != bool(odd[k])
+        return _ends_inside(data[starts[k] : ends[k]], inside)
+
+    # Starting outside, only these lines can end inside; the first of them does start outside.
+    maybe = np.union1d(odd_lines, out_lines)
+    openers = [k for k in maybe[~text_quotes[maybe]].tolist() if ends_inside(k, False)]
+    if not openers:
+        rec = line - h if isinstance(pick, slice) else np.searchsorted(nonempty, line)
+        return _without_text_quotes(_Records(nonempty, nonempty, rs, re_, no, q, qc, rec, local,
+                                             misplaced_out[pick] & can_open[pick], none), text_quotes[pick])
+
+    # Starting inside, only these lines can end outside (close the value).
+    closers = np.union1d(odd_lines, in_lines)
+    spans: list[tuple[int, int]] = []
+    unclosed: list[int] = []
+    k = h  # the next line that starts a record
+    eof_from = n  # reading inside a value from this line on reaches the end of the file
+    for e in openers:
+        if e < k:  # inside the value of an earlier record
             continue
-        try:
-            nfields[i] = len(next(csv.reader([data[ds[i] : de[i]].decode("utf-8")], strict=True)))
+        end, j = None, e + 1
+        while j < eof_from:
+            p = int(np.searchsorted(closers, j))
+            if p == closers.size or closers[p] >= eof_from:
+                break
+            if not ends_inside(int(closers[p]), True):
+                end = int(closers[p])
+                break
+            j = int(closers[p]) + 1
+        if end is None:  # open to the end: every later value opened also stays open (same lines)
+            eof_from = min(eof_from, e + 1)
+            unclosed.append(e)
+            k = e + 1
+        else:
+            spans.append((e, end))
+            k = end + 1
+    covered = np.zeros(n, bool)
+    for e, end in spans:
+        covered[e + 1 : end + 1] = True
+    first = nonempty[~covered[nonempty]]
+    last = first.copy()
+    spanning = no
+    if spans:
+        opened, closed = np.array(spans, dtype=np.int64).T
+        spanning = np.searchsorted(first, opened)
+        last[spanning] = closed
+    misplaced_before = np.concatenate(([0], np.cumsum(misplaced_in)))
+    irregular = (misplaced_out[first] & can_open[first]) | (misplaced_before[last + 1] > misplaced_before[first + 1])
+    rec = np.searchsorted(first, line, side="right") - 1
+    # A line read inside a value is never text-quoted; one that opens a value can open one.
+    return _without_text_quotes(_Records(first, last, starts[first], ends[last], spanning, q, qc, rec, _rank(rec),
+                                         irregular, np.isin(first, unclosed)), text_quotes[first])
+
+
+def _without_text_quotes(recs: _Records, text_quotes: np.ndarray) -> _Records:
+    """Drop the quotes of the records whose quotes are all text: they shape neither fields nor values."""
+    if not text_quotes.any():
+        return recs
+    keep = ~text_quotes[recs.quote_rec]
+    return replace(recs, quotes=recs.quotes[keep], quote_commas=recs.quote_commas[keep],
+                   quote_rec=recs.quote_rec[keep], quote_local=recs.quote_local[keep])
+
+
+def _rank(keys: np.ndarray) -> np.ndarray:
+    """For ascending ``keys``: the index of each element among the equal ones before it."""
+    idx = np.arange(keys.size)
+    head = np.ones(keys.size, bool)
+    head[1:] = keys[1:] != keys[:-1]
+    return idx - np.maximum.accumulate(np.where(head, idx, 0))
+
+
+_QUOTE_OR_COMMA = re.compile(rb'[",]')
+
+
+def _ends_inside(text: bytes, inside: bool) -> bool:
+    """Whether a line with misplaced quotes leaves a quoted value open, reading it as the csv module does.
+
+    A quote opens a value only at the start of a field; inside one, ``""`` is a quote and ``"``
+    closes it; anywhere else a quote is text up to the next comma.
+    """
+    state = 2 if inside else 0  # 0 field start, 1 unquoted field, 2 quoted value, 3 after its quote
+    after = 0  # the offset just past the last quote or comma
+    for m in _QUOTE_OR_COMMA.finditer(text):
+        at = m.start()
+        if at > after and state != 2:  # other text came first
+            state = 1
+        after = at + 1
+        if text[at] == 44:
+            state = 2 if state == 2 else 0
+        elif state != 1:
+            state = 3 if state == 2 else 2
+    return state == 2
+
+
+def _structure(data: bytes, arr: np.ndarray, recs: _Records,
+               scan: _Scan) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+    """Count the fields of every record; return (counts, {record: problem}, records with line breaks in values).
+
+    Vectorized: fields = commas + 1 - commas inside quotes. In a record whose quotes all stand
+    where RFC 4180 puts them they pair up in order (opening, closing), and the commas inside
+    quotes are those between the two quotes of a pair; the rare irregular records are read by
+    the csv module instead.
+    """
+    rs, re_, q = recs.start, recs.end, recs.quotes
+    problems: dict[int, str] = {}
+    nfields = scan.commas_to[recs.last] - scan.commas_to[recs.first - 1] + 1
+    breaks = recs.spanning
+    if not rs.size:
+        return nfields, problems, breaks
+    if q.size:
+        rec = recs.quote_rec
+        regular = ~(recs.irregular[rec] | recs.unclosed[rec])
+        pair = np.flatnonzero(((recs.quote_local & 1) == 0) & regular)  # an even count: each has a partner
+        if pair.size:
+            inner = recs.quote_commas[pair + 1] - recs.quote_commas[pair]
+            heads = np.flatnonzero(np.diff(rec[pair], prepend=-1))
+            nfields[rec[pair[heads]]] -= np.add.reduceat(inner, heads)
+    lo, hi = np.searchsorted(scan.crs, [rs[0], re_[-1]])
+    cr = scan.crs[lo:hi]
+    cr = cr[arr[cr + 1] != 10]  # not part of CRLF (a CR ending the last line is not in range)
+    if cr.size:
+        rec = np.searchsorted(rs, cr, side="right") - 1
+        quoted = np.zeros(cr.size, bool)
+        if q.size:
+            quoted = (((np.searchsorted(q, cr) - np.searchsorted(q, rs[rec])) & 1) == 1) \
+                & ~(recs.irregular[rec] | recs.unclosed[rec])
+        breaks = np.union1d(breaks, rec[quoted])  # a CR inside quotes is data; Arrow ends rows at a bare one
+        for r in np.unique(rec[~quoted]).tolist():
+            problems[r] = "line contains a bare carriage return"
+    for r in np.flatnonzero(recs.unclosed).tolist():
+        problems.setdefault(r, "unbalanced quotes (a quoted value opened on this line is never closed)")
+    for r in np.flatnonzero(recs.irregular).tolist():
+        if r in problems:
+            continue
+        try:  # one row by construction: its line breaks are inside quotes, as the csv module reads them
+            (row,) = csv.reader(io.StringIO(data[rs[r] : re_[r]].decode("utf-8"), newline=""), strict=True)
         except csv.Error as exc:
-            problems.setdefault(int(i), f"malformed quoting ({exc})")
-    return nfields, problems
+            problems[r] = f"malformed quoting ({exc})"
+            continue
+        nfields[r] = len(row)
+    return nfields, problems, breaks
 
 
 def _np(mask: pa.Array) -> np.ndarray:

@@ -282,15 +282,15 @@ def test_crlf_bom_blank_lines_keep_physical_line_numbers(tmp_path: Path) -> None
     assert (report.rows_read, report.rows_accepted, report.rows_quarantined) == (3, 2, 1)
 
 
-def test_value_spanning_lines_is_quarantined_with_physical_numbering(tmp_path: Path) -> None:
+def test_value_spanning_lines_is_one_record_numbered_by_its_first_line(tmp_path: Path) -> None:
     lines = csv_text(OUT_HEADER, [outage(1), outage(2, cause="tree\nlimb"), outage(3)]).splitlines()
     path = write(tmp_path / "o.csv", "\n".join(lines) + "\n")
     assert len(lines) == 5  # the quoted newline makes the middle row two physical lines
     accepted, quarantine, report = validate_outages(path, "o.csv", GULF, DAY)
-    assert accepted.column("source_line").to_pylist() == [2, 5]
-    assert quarantine.column("line").to_pylist() == [3, 4]
-    assert all("quote" in r for r in quarantine.column("reason").to_pylist())
-    assert conserved(report) and report.rows_read == 4
+    assert accepted.column("source_line").to_pylist() == [2, 3, 5]
+    assert accepted.column("cause").to_pylist() == ["wind", "tree\nlimb", "wind"]
+    assert quarantine.num_rows == 0
+    assert conserved(report) and report.rows_read == 3
 
 
 def test_reference_rows_of_other_regions(landing: Path) -> None:
