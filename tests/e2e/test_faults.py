@@ -6,10 +6,16 @@ a fault point (``STORMLAKE_FAULTS``, ``exit`` = ``os._exit(137)``) or a SIGKILL 
 group. After the crash the same command is run again until it succeeds; then the consumer's
 record, the ledger and the lake are checked against a clean run's (another home and database,
 no faults).
+
+The random kills run on the embedded server of a fresh home, as a user's first backfill does:
+no server is started beforehand, so a kill can land in the server's first start too. Their
+moments are uniform fractions of the measured length of an uninterrupted run (see
+:func:`kill_loop`), and only a kill of a run still at work counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import time
@@ -22,19 +28,23 @@ import pytest
 from tests.consumer import (
     PHASE_NAMES,
     Consumer,
+    Outcome,
     check_consumer,
     check_lake_equal,
     check_ledger_clean,
     check_one_line_error,
+    completed_count,
     database,
-    kill_group,
+    embedded_root,
     lake_snapshot,
+    ledger_dsn,
     make_home,
     run,
+    run_and_kill,
     run_until_ok,
     sql_rows,
-    start,
     status,
+    stop_servers,
 )
 
 pytestmark = pytest.mark.e2e
@@ -53,15 +63,29 @@ class Clean:
     lake: dict[tuple[str, str], Any]
     artifacts: dict[str, str]  # "<region>/<day>/<kind>" -> artifact id
     status: dict[str, dict[str, Any]]
+    wall_s: float = 0.0  # how long the clean run took: the measure of the kill loops' moments
+    noop_s: float = 0.0  # how long a second run of it took, which had nothing left to do
 
 
-def _clean_run(admin_dsn: str, landing: Path, root: Path, args: tuple[str, ...], partitions: list[str]) -> Clean:
-    with Consumer() as consumer, database(admin_dsn, "stormlake_clean") as dsn:
+def _clean_run(admin_dsn: str | None, landing: Path, root: Path, args: tuple[str, ...],
+               partitions: list[str]) -> Clean:
+    """A run without faults; ``admin_dsn`` None: on the embedded server of a fresh home (first start included)."""
+    with Consumer() as consumer, contextlib.ExitStack() as stack:
+        if admin_dsn is None:
+            root, dsn = stack.enter_context(embedded_root()), None
+        else:
+            dsn = stack.enter_context(database(admin_dsn, "stormlake_clean"))
         env = make_home(root, landing, dsn, webhook=consumer.url)
+        t = time.monotonic()
         res = run(env, *args)
+        wall = time.monotonic() - t
         assert res.returncode == 0, str(res)
         artifacts = check_consumer(consumer.snapshot(), partitions=partitions)
-        return Clean(lake_snapshot(env, partitions), artifacts, status(env))
+        t = time.monotonic()
+        again = run(env, *args)
+        noop = time.monotonic() - t
+        assert again.returncode == 0 and "0 phases computed, 0 artifact deliveries" in again.stdout, str(again)
+        return Clean(lake_snapshot(env, partitions), artifacts, status(env), wall, noop)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +94,9 @@ def clean_one(pg_admin_dsn: str, sample_landing: Path, tmp_path_factory: pytest.
 
 
 @pytest.fixture(scope="module")
-def clean_all(pg_admin_dsn: str, sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
-    return _clean_run(pg_admin_dsn, sample_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
+def clean_all(sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
+    """All sample partitions on the embedded server of a fresh home, as the kill loops run them."""
+    return _clean_run(None, sample_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
 
 
 def completed_events(dsn: str) -> dict[tuple[str, str], int]:
@@ -236,59 +261,109 @@ def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Pa
         check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=1)
 
 
-def _ledger_exists(dsn: str) -> bool:
-    return bool(sql_rows(dsn, "SELECT 1 FROM pg_tables WHERE tablename = 'checkpoints'"))
-
-
 # ---- 2. random kills -----------------------------------------------------------------------------
-def _random_kills(kills: int, seed: int, pg_dsn: str, landing: Path, tmp_path: Path, clean: Clean) -> None:
+def kill_loop(*, kills: int, seed: int, landing: Path, root: Path, logs: Path, clean: Clean,
+              crash_server: bool = False) -> list[Outcome]:
+    """Kill ``stormlake backfill`` of all sample partitions ``kills`` times, then check every home.
+
+    Each home is fresh, with its own embedded server (under ``root``, from
+    :func:`tests.consumer.embedded_root`), which the home's first run starts. A kill's moment is
+    a uniform fraction of the length a run is expected to have, from the clean run's measured
+    lengths: a second run with nothing to do (``noop_s``) plus the clean run's work
+    (``wall_s - noop_s``) in the share of phases still to complete (after a kill of the run alone
+    the ledger tells; after a server crash it is taken as all), and at least half again the
+    latest moment at which a kill found that the run had completed nothing yet (a run with work
+    left starts it later than one with nothing to do). A whole run of the loop on a
+    fresh home (its first run, when it ended on its own) is a new measurement of a clean run,
+    and the shortest of them is used: a busy machine only ever makes a run longer, and a
+    window longer than the run lets it end before its kill. The moments thus follow this
+    machine's speed and the work that remains. Only a kill of a run still at work counts (see
+    :func:`tests.consumer.run_and_kill`); ``crash_server`` kills the home's server with the run.
+    A home is done when a run ended on its own or every phase completed: then a plain backfill
+    must succeed and leave what a clean run leaves (:func:`finish_home`), and the next kill
+    goes to a fresh home.
+    """
     rng = random.Random(seed)
-    with Consumer() as consumer:
-        env = make_home(tmp_path, landing, pg_dsn, webhook=consumer.url)
-        done_kills = 0
-        finished = 0
-        log = tmp_path / "runs.log"
-        progress: list[int] = []
-        for i in range(kills * 4):
-            if done_kills >= kills:
-                break
-            delay = rng.uniform(0.5, 4.0)
-            proc = start(env, *ALL_ARGS, log=tmp_path / f"run-{i}.log")
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.05)
-            if proc.poll() is None:
-                kill_group(proc)
-                done_kills += 1
-                outcome = f"killed after {delay:.2f} s"
-            else:
-                finished += 1
-                outcome = f"exited {proc.returncode} before {delay:.2f} s"
-                text = (tmp_path / f"run-{i}.log").read_text(errors="replace")
-                # a run that ended on its own must have succeeded, or failed for a reason worth reading
-                assert proc.returncode == 0, f"run {i} exited {proc.returncode}:\n{text[-4000:]}"
-            done = sql_rows(pg_dsn, "SELECT count(*) FROM checkpoints WHERE status = 'COMPLETED'"
-                                    " AND superseded_at IS NULL") if _ledger_exists(pg_dsn) else [(0,)]
-            progress.append(done[0][0])
-            with log.open("a") as fh:
-                fh.write(f"run {i}: {outcome}; {progress[-1]} phases COMPLETED\n")
-        assert done_kills >= kills, f"only {done_kills} kills in {kills * 4} runs ({finished} finished)"
-        # never started over: a kill never takes back a completed phase
-        assert progress == sorted(progress), f"COMPLETED phases went down after a kill: {progress}"
-        run_until_ok(env, *ALL_ARGS, timeout=120)
-        final = status(env)
-        check_against_clean(env, pg_dsn, consumer, clean, ALL, crashes_in_delivery_window=done_kills, final=final)
-        for key in ALL:
-            assert set(final[key]["phases"]) == set(PHASE_NAMES)
-        events = completed_events(pg_dsn)
-        assert set(events) == {(k, p) for k in ALL for p in PHASE_NAMES}, events
-        assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
+    phases = len(ALL) * len(PHASE_NAMES)
+    fulls = [clean.wall_s]  # measured lengths of whole runs on a fresh home: the clean one, then the loop's
+    outcomes: list[Outcome] = []
+    runs_log = logs / "runs.log"
+    homes = 0
+    while sum(o.killed for o in outcomes) < kills:
+        homes += 1
+        with Consumer() as consumer:
+            env = make_home(root / f"home{homes}", landing, None, webhook=consumer.url)
+            home_kills = 0
+            progress = [0]  # COMPLETED phases after each run (kills of the run alone)
+            stalled = 0.0  # the latest kill moment since the last progress that found nothing done
+            while sum(o.killed for o in outcomes) < kills and progress[-1] < phases:
+                done = sum(o.killed for o in outcomes)
+                assert len(outcomes) < kills * 4, f"only {done} kills in {len(outcomes)} runs"
+                i = len(outcomes)
+                full = min(fulls)
+                noop = clean.noop_s * full / clean.wall_s
+                length = max(noop + (full - noop) * (phases - progress[-1]) / phases, 1.5 * stalled)
+                delay = rng.uniform(0.0, length)
+                out = run_and_kill(env, ALL_ARGS, delay=delay, log=logs / f"run-{i}.log", crash_server=crash_server)
+                outcomes.append(out)
+                if out.killed:
+                    home_kills += 1
+                    what = f"killed after {out.seconds:.2f} s" + ("" if out.server_ready else " (server not ready)")
+                else:
+                    text = (logs / f"run-{i}.log").read_text(errors="replace")
+                    # a run that ended on its own must have succeeded, or failed for a reason worth reading
+                    assert out.returncode == 0, f"run {i} exited {out.returncode}:\n{text[-4000:]}"
+                    what = f"ended on its own after {out.seconds:.2f} s"
+                    if home_kills == 0:  # a whole run on a fresh home: the machine's speed now
+                        fulls.append(out.seconds)
+                if not crash_server:  # a crashed server stays down until the next run restarts it
+                    progress.append(completed_count(env))
+                    stalled = max(stalled, delay) if out.killed and progress[-1] == progress[-2] else 0.0
+                with runs_log.open("a") as fh:
+                    fh.write(f"run {i} (home {homes}, delay {delay:.2f} of {length:.2f} s): {what}"
+                             + ("" if crash_server else f"; {progress[-1]} phases COMPLETED") + "\n")
+                if not out.killed:
+                    break
+            # never started over: a kill of the run alone never takes back a completed phase
+            assert progress == sorted(progress), f"COMPLETED phases went down after a kill: {progress}"
+            finish_home(env, consumer, clean, kills=home_kills, ended=not outcomes[-1].killed)
+        stop_servers(root / f"home{homes}")
+    return outcomes
 
 
-def test_random_kills(pg_dsn: str, sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
-    _random_kills(20, 20260901, pg_dsn, sample_landing, tmp_path, clean_all)
+def finish_home(env: dict[str, str], consumer: Consumer, clean: Clean, *, kills: int, ended: bool = False) -> None:
+    """A plain backfill after the kills succeeds and leaves what a clean run leaves.
+
+    The lake equals the clean run's; the consumer got the same keys, never one key with two
+    bodies, and at most one repeat per kill; no checkpoint or receipt is PENDING; every phase
+    of every partition completed exactly once. ``ended``: the home's last run was that plain
+    backfill already (it ended on its own, with exit 0).
+    """
+    if not ended:
+        res = run(env, *ALL_ARGS, timeout=180)
+        assert res.returncode == 0, str(res)
+    dsn = ledger_dsn(env)
+    assert dsn is not None, "no embedded server runs after a successful backfill"
+    final = status(env)
+    check_against_clean(env, dsn, consumer, clean, ALL, crashes_in_delivery_window=kills, final=final)
+    keys = {p.key for p in consumer.snapshot()}
+    assert keys == set(clean.artifacts.values()), f"other keys than a clean run's: {sorted(keys)}"
+    for key in ALL:
+        assert set(final[key]["phases"]) == set(PHASE_NAMES)
+    events = completed_events(dsn)
+    assert set(events) == {(k, p) for k in ALL for p in PHASE_NAMES}, events
+    assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
+
+
+def test_random_kills(sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+    with embedded_root() as root:
+        outcomes = kill_loop(kills=20, seed=20260901, landing=sample_landing, root=root, logs=tmp_path,
+                             clean=clean_all)
+    assert sum(o.killed for o in outcomes) == 20
 
 
 @pytest.mark.slow
-def test_random_kills_long(pg_dsn: str, sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
-    _random_kills(60, 7, pg_dsn, sample_landing, tmp_path, clean_all)
+def test_random_kills_long(sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+    with embedded_root() as root:
+        outcomes = kill_loop(kills=60, seed=7, landing=sample_landing, root=root, logs=tmp_path, clean=clean_all)
+    assert sum(o.killed for o in outcomes) == 60

@@ -181,3 +181,91 @@ def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[s
     for table in TABLES:
         pd.testing.assert_frame_equal(lake_v3[(table, KEY)], lake_v1[(table, KEY)], obj=table)
     check_ledger_clean(pg_dsn)
+
+
+def test_a_partial_selection_after_a_schema_bump_names_the_phase_to_run_first(sl_env: dict[str, str],
+                                                                             pg_dsn: str) -> None:
+    """Materializing only present after correlate's schema changed must not compute on old-shape tables."""
+    import dagster as dg
+
+    from assets.phases import CORRELATE, PRESENT
+    from tests.helpers import KEY, materialize, table_versions
+
+    assert materialize(KEY).success
+    v1 = _heads(pg_dsn, KEY)
+    original = CORRELATE.schema_version
+    try:
+        _set_schema_version(CORRELATE, original + 1)
+        lake_before = table_versions(sl_env["STORMLAKE_HOME"] + "/lake")
+        only_present = materialize(KEY, selection=[dg.AssetKey(PRESENT.asset)])
+        assert not only_present.success
+        failure = next(e for e in only_present.all_events if e.is_step_failure)
+        message = failure.step_failure_data.user_failure_data.description
+        assert "\n" not in message, message
+        assert "needs correlate at schema version 2" in message and "schema version 1" in message, message
+        assert f"run correlate first (materialize {CORRELATE.asset}" in message, message
+        assert _heads(pg_dsn, KEY)["present"][0] == v1["present"][0], "present was recomputed on outdated input"
+        assert table_versions(sl_env["STORMLAKE_HOME"] + "/lake") == lake_before, "something was written"
+
+        # Running correlate first, as the message says, makes the same selection work.
+        assert materialize(KEY, selection=[dg.AssetKey(CORRELATE.asset)]).success
+        again = materialize(KEY, selection=[dg.AssetKey(PRESENT.asset)])
+        assert again.success
+        assert _outcomes(again)["present"] == "COMPLETED"
+    finally:
+        _set_schema_version(CORRELATE, original)
+
+
+def test_inputs_going_a_b_a_leave_every_consumer_on_a(pg_dsn: str, sample_landing: Path, tmp_path: Path) -> None:
+    """A's artifact ids were delivered before B's; going back to A delivers A again as the current revision."""
+    import hashlib
+
+    one = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
+    with Consumer() as consumer:
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        outages = Path(env["STORMLAKE_HOME"]) / "landing" / "gulf_coast" / "2026-09-01" / "outages.csv"
+        original = outages.read_bytes()
+        assert run(env, *one).returncode == 0
+        a_ids = check_consumer(consumer.snapshot(), partitions=[LATE])
+        a_bytes = {slot: (Path(env["STORMLAKE_HOME"]) / "published" / slot).read_bytes() for slot in a_ids}
+
+        add_late_outages(outages.parents[2], "gulf_coast", "2026-09-01")
+        assert run(env, *one).returncode == 0
+        n_b = len(consumer.snapshot())
+        b_ids = {p.key.split("@")[0]: p.key for p in consumer.snapshot()[len(a_ids):]}
+        changed = set(b_ids)
+        assert {"gulf_coast/2026-09-01/summary.json", "gulf_coast/2026-09-01/report.html"} <= changed, b_ids
+
+        outages.write_bytes(original)  # back to A
+        back = run(env, *one)
+        assert back.returncode == 0, str(back)
+        again = consumer.snapshot()[n_b:]
+        assert sorted(p.key.split("@")[0] for p in again) == sorted(changed), [p.key for p in again]
+        for p in again:
+            check_headers(p)
+            slot = p.key.split("@")[0]
+            assert p.headers["x-stormlake-artifact-id"] == a_ids[slot], p.headers
+            assert p.key == f"{a_ids[slot]}#2", "a revision that became current again needs a key of its own"
+            assert p.headers.get("x-stormlake-supersedes") == b_ids[slot], p.headers
+            assert p.answer == 200, p.as_dict()
+        # every consumer ends on the ledger's current revision: A's bytes
+        for slot, artifact_id in a_ids.items():
+            data = (Path(env["STORMLAKE_HOME"]) / "published" / slot).read_bytes()
+            assert data == a_bytes[slot], f"the file target of {slot} does not end on A"
+            assert hashlib.sha256(data).hexdigest()[:16] == artifact_id.rsplit("@", 1)[1]
+            last = [p for p in consumer.snapshot() if p.kind == slot.rsplit("/", 1)[1]][-1]
+            assert last.headers["x-stormlake-artifact-id"] == artifact_id, (slot, last.as_dict())
+        present = sql_rows(pg_dsn, "SELECT summary->'artifacts' FROM checkpoints WHERE partition_key = %s"
+                                   " AND phase = 'present' AND superseded_at IS NULL", (LATE,))[0][0]
+        assert sorted(present) == sorted(a_ids.values())
+        deliveries = status(env)[LATE]["deliveries"]
+        for slot in changed:
+            latest = [d for d in deliveries if d["artifact_id"].startswith(slot + "@")][-2:]
+            assert sorted(d["target"] for d in latest) == ["file", "webhook"], latest
+            for d in latest:
+                assert d["status"] == "DELIVERED" and d["idempotency_key"] == f"{a_ids[slot]}#2", d
+        check_ledger_clean(pg_dsn)
+
+        # and a fourth run delivers nothing at all
+        assert run(env, *one).returncode == 0
+        assert len(consumer.snapshot()) == n_b + len(again)
