@@ -9,11 +9,9 @@ phases keeps such memory instead: blocks below 32 MiB come from the heap
 (``M_MMAP_THRESHOLD``), the heap keeps up to 256 MiB of free memory at its top
 (``M_TRIM_THRESHOLD``) and grows 64 MiB at a time (``M_TOP_PAD``).
 
-Peak RSS stays about what the largest partition needs. Measured on the benchmark's data
-(8 partitions x 200,000 rows, resumed at correlate, 4 alternating pairs): the page faults of a
-resumed run fell from about 235,000 to 145,000 and the correlate phase's CPU time from 1.97 s
-to 1.75 s on average; peak RSS of a clean run rose 2-6 %. An environment that sets glibc's own
-``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_TOP_PAD_`` keeps its settings.
+Peak RSS stays about what the largest partition needs (figures: docs/BENCHMARKS.md). An
+environment that sets glibc's own ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
+``MALLOC_TOP_PAD_`` keeps its settings.
 """
 
 from __future__ import annotations
