@@ -166,53 +166,56 @@ def _columns(days: set[str]) -> tuple[list[str], dict[str, int], str]:
     return labels, index, "week"
 
 
-def heatmap_png(data: ReportData) -> bytes:
-    """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled.
+@dataclass(frozen=True)
+class HeatGrid:
+    """The heat map's cells: the lowest tier per (region, column), and where a phase failed or waits."""
 
-    A long range (a season, a year) shows weeks as columns: a cell is the lowest tier any day of
-    that week reached in that region, marked when any of its days has a failed or pending phase.
-    """
+    columns: list[str]
+    unit: str  # "day" or "week"
+    regions: list[str]
+    tiers: Any  # float array (regions x columns), -1 where no partition is in the ledger
+    failed: Any  # bool array
+    pending: Any  # bool array, False where failed
+
+
+def heat_grid(data: ReportData) -> HeatGrid:
     import numpy as np
-    from matplotlib.colors import BoundaryNorm, ListedColormap
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    days, dx, unit = _columns({c.day for c in data.grid})
+    columns, dx, unit = _columns({c.day for c in data.grid})
     regions = _region_axis({c.region for c in data.grid}, data.region_names)
     ry = {r: i for i, r in enumerate(regions)}
-    xs = np.fromiter((dx[c.day] for c in data.grid), dtype=np.int64, count=len(data.grid))
-    ys = np.fromiter((ry[c.region] for c in data.grid), dtype=np.int64, count=len(data.grid))
-    tiers = np.fromiter((c.tier for c in data.grid), dtype=float, count=len(data.grid))
-    grid = np.full((len(regions), len(days)), np.inf)
-    np.minimum.at(grid, (ys, xs), tiers)
-    grid[np.isinf(grid)] = -1
-    failed = np.zeros(grid.shape, dtype=bool)
-    pending = np.zeros(grid.shape, dtype=bool)
-    fail = np.fromiter((c.failed for c in data.grid), dtype=bool, count=len(data.grid))
-    pend = np.fromiter((c.pending for c in data.grid), dtype=bool, count=len(data.grid))
+    n = len(data.grid)
+    xs = np.fromiter((dx[c.day] for c in data.grid), dtype=np.int64, count=n)
+    ys = np.fromiter((ry[c.region] for c in data.grid), dtype=np.int64, count=n)
+    tiers = np.full((len(regions), len(columns)), np.inf)
+    np.minimum.at(tiers, (ys, xs), np.fromiter((c.tier for c in data.grid), dtype=float, count=n))
+    tiers[np.isinf(tiers)] = -1
+    failed = np.zeros(tiers.shape, dtype=bool)
+    pending = np.zeros(tiers.shape, dtype=bool)
+    fail = np.fromiter((c.failed for c in data.grid), dtype=bool, count=n)
+    pend = np.fromiter((c.pending for c in data.grid), dtype=bool, count=n)
     failed[ys[fail], xs[fail]] = True
     pending[ys[pend], xs[pend]] = True
-    pending &= ~failed
-    failed_y, failed_x = np.nonzero(failed)
-    pending_y, pending_x = np.nonzero(pending)
+    return HeatGrid(columns, unit, regions, tiers, failed, pending & ~failed)
 
-    nd, nr = len(days), len(regions)
-    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
-    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
-    fig, canvas = _new_figure(width, height)
-    ax = fig.add_subplot()
-    cmap = ListedColormap([TIER_COLORS[t] for t in range(5)])
+
+def _draw_cells(ax, g: HeatGrid, width: float, height: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+    import numpy as np
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    cmap = ListedColormap([TIER_COLORS[t] for t in range(LAST_TIER + 1)])
     cmap.set_bad((0, 0, 0, 0))  # cells with no partition in the ledger show the hatched background
-    norm = BoundaryNorm([-0.5, 0.5, 1.5, 2.5, 3.5, 4.5], cmap.N)
+    norm = BoundaryNorm([t - 0.5 for t in range(LAST_TIER + 2)], cmap.N)
     ax.patch.set_facecolor("white")
     ax.patch.set_hatch("////")
     ax.patch.set_edgecolor("#d0d0d0")
-    ax.imshow(np.ma.masked_less(grid, 0), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
+    ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
               origin="upper")
-
-    # marker size: about half a cell, in points squared
+    nr, nd = g.tiers.shape
     cell_pt = min(width * 0.8 * 72 / max(nd, 1), height * 0.75 * 72 / max(nr, 1))
-    size = max(4.0, (0.55 * cell_pt) ** 2)
+    size = max(4.0, (0.55 * cell_pt) ** 2)  # a marker of about half a cell, in points squared
+    failed_y, failed_x = np.nonzero(g.failed)
+    pending_y, pending_x = np.nonzero(g.pending)
     if len(failed_x):
         ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
                    linewidths=0.6 if cell_pt > 8 else 0, zorder=3)
@@ -220,6 +223,11 @@ def heatmap_png(data: ReportData) -> bytes:
         ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
                    edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3)
 
+
+def _label_axes(ax, g: HeatGrid, width: float, height: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+    import numpy as np
+
+    nr, nd = g.tiers.shape
     if nd <= 120 and nr <= 120:  # thin white lines between cells
         ax.set_xticks(np.arange(-0.5, nd, 1), minor=True)
         ax.set_yticks(np.arange(-0.5, nr, 1), minor=True)
@@ -227,18 +235,23 @@ def heatmap_png(data: ReportData) -> bytes:
         ax.tick_params(which="minor", length=0)
     xstep = _tick_step(nd, int(width * 4))
     ystep = _tick_step(nr, int(height * 5))
-    ax.set_xticks(range(0, nd, xstep), [days[i] for i in range(0, nd, xstep)], rotation=60, ha="right",
+    ax.set_xticks(range(0, nd, xstep), [g.columns[i] for i in range(0, nd, xstep)], rotation=60, ha="right",
                   rotation_mode="anchor", fontsize=8)
-    ax.set_yticks(range(0, nr, ystep), [regions[i] for i in range(0, nr, ystep)], fontsize=8)
+    ax.set_yticks(range(0, nr, ystep), [g.regions[i] for i in range(0, nr, ystep)], fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.set_xlabel("day" if unit == "day" else "week (from Monday)")
+    ax.set_xlabel("day" if g.unit == "day" else "week (from Monday)")
     ax.set_ylabel("region")
-    ax.set_title("Where every batch stands: tier reached per (day, region)" if unit == "day" else
+    ax.set_title("Where every batch stands: tier reached per (day, region)" if g.unit == "day" else
                  "Where every batch stands: lowest tier reached in each week, per region", loc="left", fontsize=11)
 
+
+def _heat_legend(fig) -> None:  # noqa: ANN001 - a matplotlib Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     handles: list[Any] = [
-        Patch(facecolor=TIER_COLORS[t], edgecolor="#999", label=f"{t} {TIER_LABELS[t]}") for t in range(5)
+        Patch(facecolor=TIER_COLORS[t], edgecolor="#999", label=f"{t} {TIER_LABELS[t]}") for t in range(LAST_TIER + 1)
     ]
     handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", hatch="////", label="not in ledger"))
     handles.append(Line2D([], [], marker="X", linestyle="", markersize=9, markerfacecolor=FAILED_RED,
@@ -247,26 +260,40 @@ def heatmap_png(data: ReportData) -> bytes:
                           markeredgecolor=PENDING_ORANGE, markeredgewidth=1.6, label="a phase PENDING"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="tier",
                title_fontsize=9, alignment="left")
+
+
+def heatmap_png(data: ReportData) -> bytes:
+    """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled.
+
+    A long range (a season, a year) shows weeks as columns: a cell is the lowest tier any day of
+    that week reached in that region, marked when any of its days has a failed or pending phase.
+    """
+    g = heat_grid(data)
+    nr, nd = g.tiers.shape
+    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
+    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
+    fig, canvas = _new_figure(width, height)
+    ax = fig.add_subplot()
+    _draw_cells(ax, g, width, height)
+    _label_axes(ax, g, width, height)
+    _heat_legend(fig)
     return _png(fig, canvas)
 
 
-def phases_png(data: ReportData) -> bytes:
-    """Left: per phase, head checkpoints by status (stacked) and retried ones. Right: attempt times."""
+def _stall_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Per phase, head checkpoints by status (stacked), and the heads that needed a retry."""
     import numpy as np
+
     total = data.summary.partitions
     by_status = {s: [0] * len(PHASE_NAMES) for s in ("COMPLETED", "PENDING", "FAILED")}
     retried = [0] * len(PHASE_NAMES)
     for c in data.phase_counts:
-        if c.phase not in PHASE_NAMES:
-            continue
-        i = PHASE_NAMES.index(c.phase)
-        by_status[c.status][i] += c.heads
-        retried[i] += c.retried
+        if c.phase in PHASE_NAMES:
+            i = PHASE_NAMES.index(c.phase)
+            by_status[c.status][i] += c.heads
+            retried[i] += c.retried
     not_run = [total - sum(by_status[s][i] for s in by_status) for i in range(len(PHASE_NAMES))]
     skipped = [data.event_counts.get((ph, "SKIPPED"), 0) for ph in PHASE_NAMES]
-
-    fig, canvas = _new_figure(12.0, 4.8)
-    ax, ax2 = fig.subplots(1, 2, width_ratios=[1.25, 1])
     x = np.arange(len(PHASE_NAMES))
     bottom = np.zeros(len(PHASE_NAMES))
     for status, values, label in (
@@ -303,17 +330,20 @@ def phases_png(data: ReportData) -> bytes:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
-    # right: time per attempt (claim -> COMPLETED)
+
+def _duration_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Per phase, time from claim to COMPLETED: median, 90th percentile and the slowest attempt."""
+    import numpy as np
+
     rows = [(ph, data.durations.get(ph)) for ph in PHASE_NAMES]
     y = np.arange(len(PHASE_NAMES))[::-1]
-    has_any = any(r and r.n for _, r in rows)
-    if has_any:
+    if any(r and r.n for _, r in rows):
         p50 = np.array([float(r.p50) if r and r.p50 is not None else 0.0 for _, r in rows])
         p90 = np.array([float(r.p90) if r and r.p90 is not None else 0.0 for _, r in rows])
         mx = np.array([float(r.max) if r and r.max is not None else 0.0 for _, r in rows])
-        ax2.barh(y, p90, 0.55, color="#c6dbef", label="90th percentile")
-        ax2.barh(y, p50, 0.55, color="#2171b5", label="median")
-        ax2.scatter(mx, y, marker="|", s=220, color="#08306b", label="slowest", zorder=3)
+        ax.barh(y, p90, 0.55, color="#c6dbef", label="90th percentile")
+        ax.barh(y, p50, 0.55, color="#2171b5", label="median")
+        ax.scatter(mx, y, marker="|", s=220, color="#08306b", label="slowest", zorder=3)
         top = float(max(mx.max(), p90.max(), 1e-3))
         for i, (_, r) in enumerate(rows):
             if r and r.n:
@@ -322,19 +352,27 @@ def phases_png(data: ReportData) -> bytes:
                 text = f"{r.failed} failed, none completed"
             else:
                 text = "no finished attempt"
-            ax2.annotate(text, (max(mx[i], p90[i]), y[i]), xytext=(6, 0), textcoords="offset points",
-                         va="center", fontsize=8, color="#333")
-        ax2.set_xlim(0, top * 1.6)
-        ax2.set_xlabel("seconds per attempt (claim → COMPLETED)")
-        ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+            ax.annotate(text, (max(mx[i], p90[i]), y[i]), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=8, color="#333")
+        ax.set_xlim(0, top * 1.6)
+        ax.set_xlabel("seconds per attempt (claim → COMPLETED)")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     else:
-        ax2.text(0.5, 0.5, "no finished attempts yet", ha="center", va="center", transform=ax2.transAxes,
-                 color="#666")
-        ax2.set_xticks([])
-    ax2.set_yticks(y, PHASE_NAMES, fontsize=9)
-    ax2.set_title("Where time goes: duration of an attempt per phase", loc="left", fontsize=11)
+        ax.text(0.5, 0.5, "no finished attempts yet", ha="center", va="center", transform=ax.transAxes,
+                color="#666")
+        ax.set_xticks([])
+    ax.set_yticks(y, PHASE_NAMES, fontsize=9)
+    ax.set_title("Where time goes: duration of an attempt per phase", loc="left", fontsize=11)
     for side in ("top", "right"):
-        ax2.spines[side].set_visible(False)
+        ax.spines[side].set_visible(False)
+
+
+def phases_png(data: ReportData) -> bytes:
+    """Left: where batches stall (heads per phase by status). Right: where time goes (attempt times)."""
+    fig, canvas = _new_figure(12.0, 4.8)
+    ax, ax2 = fig.subplots(1, 2, width_ratios=[1.25, 1])
+    _stall_bars(ax, data)
+    _duration_bars(ax2, data)
     return _png(fig, canvas)
 
 
