@@ -116,71 +116,78 @@ def sensor_tick_seconds(ledger_dsn: str, scratch: Path) -> float:
         ledger.close()
 
 
-def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
-    from pipeline.bench import Databases, _child_env
+def _figure(name: str, fn) -> dict[str, Any]:  # noqa: ANN001 - a callable returning seconds
+    _say(f"timing {name} ({REPEATS} times)")
+    median, samples = _median_of(fn)
+    return {"median_s": round(median, 3), "samples_s": [round(s, 3) for s in samples],
+            "target_s": TARGETS[name], "met": median <= TARGETS[name]}
+
+
+def time_views(env: dict[str, str], root: Path, ledger_dsn: str) -> dict[str, dict[str, Any]]:
+    """Each view as a person runs it (a whole process), :data:`REPEATS` times; the median counts."""
+    out = root / "status.json"
+
+    def status_json() -> float:
+        with out.open("w") as fh:
+            return _cli(env, "status", "--json", stdout=fh)
+
+    figures = {"status": _figure("status", lambda: _cli(env, "status")),
+               "status_json": _figure("status_json", status_json)}
+    figures["status_json"]["bytes"] = out.stat().st_size
+    figures["status_json"]["partitions"] = len(json.loads(out.read_text())["partitions"])
+    figures["report"] = _figure("report", lambda: _cli(env, "report", "--out", str(root / "report.html")))
+    figures["report"]["bytes"] = (root / "report.html").stat().st_size
+    figures["rerun"] = _figure("rerun", lambda: _cli(env, "backfill"))
+    scratch = Path(tempfile.mkdtemp(prefix="sensor-", dir=root))
+    figures["sensor_tick"] = _figure("sensor_tick", lambda: sensor_tick_seconds(ledger_dsn, scratch))
+    return figures
+
+
+def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[str, Any], dict[str, int]]:  # noqa: ANN001
+    """The real runs, then the clone: (config figures with the CLI environment under "env", row counts)."""
+    from pipeline.bench import _child_env
     from pipeline.generate import generate_scenario
     from resources.settings import load_regions
 
-    root = settings.home / "bench" / "scale"
-    if root.exists():
-        import shutil
-
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
     regions = load_regions(settings.regions_file)
+    landing = root / "landing"
+    _say(f"generating {REAL['regions']} regions x {REAL['days']} days x {REAL['rows_per_partition']} rows")
+    generate_scenario(landing, regions[:REAL["regions"]], days=REAL["days"], start=settings.first_day,
+                      rows_per_partition=REAL["rows_per_partition"], seed=REAL["seed"])
+    env = _child_env(root / "home", landing, ledger_dsn)
+    _say("real runs: stormlake backfill of the 4 partitions")
+    first_run = _cli(env, "backfill")
+    start = dt.date.fromisoformat(settings.first_day)
+    real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}"
+            for d in range(REAL["days"]) for r in regions[:REAL["regions"]]]
+    _say(f"cloning them over {DAYS} days x {REGIONS} regions")
+    t = time.perf_counter()
+    counts = build_scale_ledger(ledger_dsn, [r.region_id for r in regions], settings.first_day, real)
+    build_s = time.perf_counter() - t
+    _say(f"ledger: {counts['partitions']} partitions, {counts['checkpoints']} checkpoints, "
+         f"{counts['checkpoint_events']} events, {counts['receipts']} receipts ({build_s:.1f} s)")
+    config = {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
+              "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2), "env": env}
+    return config, counts
+
+
+def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    import shutil
+
+    from pipeline.bench import Databases
+
+    root = settings.home / "bench" / "scale"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
     dbs = Databases(settings.pg_dsn, settings.pgdata)
     try:
         ledger_dsn, _ = dbs.create()
-        landing = root / "landing"
-        _say(f"generating {REAL['regions']} regions x {REAL['days']} days x {REAL['rows_per_partition']} rows")
-        generate_scenario(landing, regions[:REAL["regions"]], days=REAL["days"], start=settings.first_day,
-                          rows_per_partition=REAL["rows_per_partition"], seed=REAL["seed"])
-        env = _child_env(root / "home", landing, ledger_dsn)
-        _say("real runs: stormlake backfill of the 4 partitions")
-        first_run = _cli(env, "backfill")
-        start = dt.date.fromisoformat(settings.first_day)
-        real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}"
-                for d in range(REAL["days"]) for r in regions[:REAL["regions"]]]
-        _say(f"cloning them over {DAYS} days x {REGIONS} regions")
-        t = time.perf_counter()
-        counts = build_scale_ledger(ledger_dsn, [r.region_id for r in regions], settings.first_day, real)
-        build_s = time.perf_counter() - t
-        _say(f"ledger: {counts['partitions']} partitions, {counts['checkpoints']} checkpoints, "
-             f"{counts['checkpoint_events']} events, {counts['receipts']} receipts ({build_s:.1f} s)")
-
-        figures: dict[str, dict[str, Any]] = {}
-
-        def measure(name: str, fn) -> None:  # noqa: ANN001
-            _say(f"timing {name} ({REPEATS} times)")
-            median, samples = _median_of(fn)
-            figures[name] = {"median_s": round(median, 3), "samples_s": [round(s, 3) for s in samples],
-                             "target_s": TARGETS[name], "met": median <= TARGETS[name]}
-
-        out = root / "status.json"
-
-        def status_json() -> float:
-            with out.open("w") as fh:
-                return _cli(env, "status", "--json", stdout=fh)
-
-        measure("status", lambda: _cli(env, "status"))
-        measure("status_json", status_json)
-        figures["status_json"]["bytes"] = out.stat().st_size
-        figures["status_json"]["partitions"] = len(json.loads(out.read_text())["partitions"])
-        measure("report", lambda: _cli(env, "report", "--out", str(root / "report.html")))
-        figures["report"]["bytes"] = (root / "report.html").stat().st_size
-        measure("rerun", lambda: _cli(env, "backfill"))
-        scratch = Path(tempfile.mkdtemp(prefix="sensor-", dir=root))
-        measure("sensor_tick", lambda: sensor_tick_seconds(ledger_dsn, scratch))
+        config, counts = build_with_real_runs(root, ledger_dsn, settings)
+        figures = time_views(config.pop("env"), root, ledger_dsn)
     finally:
         dbs.drop_all()
-
-    result = {"config": {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
-                         "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2)},
-              "ledger": counts, "views": figures}
-    if args.json:
-        print(json.dumps({"scale": result}, indent=2))
-    else:
-        print(render_scale(result))
+    result = {"config": config, "ledger": counts, "views": figures}
+    print(json.dumps({"scale": result}, indent=2) if args.json else render_scale(result))
     return 0 if all(f["met"] for f in figures.values()) else 1
 
 
