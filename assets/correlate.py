@@ -7,7 +7,6 @@ import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
-from assets.enrich import enriched_outages
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import CORRELATE
 from assets.runner import Check, PhaseIO, PhaseOutput
@@ -60,7 +59,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("cluster_cells_known", set(members) <= risk_cells, "every cluster cell has a risk row")
 
 
-@dg.asset(**asset_options(CORRELATE, deps=[enriched_outages]))
+@dg.multi_asset(**asset_options(CORRELATE))
 def storm_correlation(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                       landing: LandingResource, publisher: PublisherResource):
     """Outages against gust and rain per cell-hour, a risk figure per cell, and damage clusters."""

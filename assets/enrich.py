@@ -7,7 +7,6 @@ import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
-from assets.ingest import ingested_batch
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
 from assets.runner import Check, PhaseIO, PhaseOutput
@@ -48,7 +47,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("hour_range", bool(len(hours) == 0 or (hours.min() >= 0 and hours.max() <= 23)), "hour in 0..23")
 
 
-@dg.asset(**asset_options(ENRICH, deps=[ingested_batch]))
+@dg.multi_asset(**asset_options(ENRICH))
 def enriched_outages(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                      landing: LandingResource, publisher: PublisherResource):
     """Outages on the H3 resolution-7 grid with the cell's customers, feeder, terrain and weather."""

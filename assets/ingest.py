@@ -52,7 +52,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
                 f"{q} quarantined in file reports, {out.tables['quarantine'].num_rows} rows in quarantine")
 
 
-@dg.asset(**asset_options(INGEST, deps=[landing_files]))
+@dg.multi_asset(**asset_options(INGEST, deps=[landing_files]))
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""

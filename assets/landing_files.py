@@ -3,10 +3,10 @@
 ``landing_files`` is partitioned like the phases. The data version of a partition is a
 fingerprint of the content digests of the files its ingest reads (its two files and the
 reference files: :meth:`Landing.digests`, the digests the ingest input hash uses), so it changes
-exactly when ingest's input changes; a touched but unchanged file keeps it. ``ingested_batch``
-depends on it. Dagster keeps, with each materialization of ingest, the storage id of the latest
-observation of ``landing_files``; a later observation of that partition with another data version
-shows the partition of ingest (and what is downstream of it) stale.
+exactly when ingest's input changes; a touched but unchanged file keeps it. Every table of ingest
+(the ``ingested_batch`` op's assets) depends on it. Dagster keeps, with each materialization of
+those tables, the storage id of the latest observation of ``landing_files``; a later observation
+of that partition with another data version shows that partition of ingest's tables stale.
 
 Who observes: the landing sensor (partitions whose files changed), the ``observe_landing`` job and
 schedule, the UI's "Observe sources", and the ingest step itself. The ingest step makes sure the

@@ -1,24 +1,35 @@
 """The Dagster side of a phase: builds the runner from resources, yields the results.
 
-Every phase asset body is one call to :func:`materialize_phase`. Errors a retry can fix
-(ledger unreachable, webhook 5xx exhausted, lease timeout) propagate so that the asset's
-retry policy applies; a user's bad input or a failed grader becomes ``dg.Failure`` with
-``allow_retries=False`` and a one-line description.
+Each phase is one ``@dg.multi_asset`` (one op, named after the phase's ``Phase.asset``) with one
+asset per Delta table it writes (:func:`asset_options`): the tables of a phase are written
+together under one checkpoint, so the op cannot be subset. Every phase body is one call to
+:func:`materialize_phase`, which runs the phase once per partition and reports one
+materialization per table, with the table's standard metadata (row counts, column schema, name,
+URI, Delta version) next to the phase's outcome. Errors a retry can fix (ledger unreachable,
+webhook 5xx exhausted, lease timeout) propagate so that the op's retry policy applies; a user's
+bad input or a failed grader becomes ``dg.Failure`` with ``allow_retries=False`` and a one-line
+description.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from assets.partitions import split_key
 from assets.phases import Phase
 from assets.runner import Check, Compute, Grader, Outcome, PartitionRef, PhaseRunner
-from assets.schemas import PARTITION_COLUMNS, TABLES
+from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, TABLES, table_schema
 from resources.errors import StormlakeError
-from resources.lake import LakeResource
+from resources.lake import Lake, LakeResource
 from resources.landing import LandingResource
 from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
@@ -28,19 +39,50 @@ from resources.publisher import PublisherResource
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
+KINDS = {"deltalake", "postgres"}
+
+
+def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) -> dg.AssetSpec:
+    """The asset of one table of ``phase``: its lineage, group, versions and column schema.
+
+    Its dependencies are the tables the phase reads (``Phase.inputs``, at the versions its
+    upstream checkpoints pinned) plus ``deps`` (ingest: the ``landing_files`` source).
+    """
+    from assets.partitions import PARTITIONS
+
+    return dg.AssetSpec(
+        key=table,
+        deps=[*deps, *phase.inputs],
+        description=f"{DESCRIPTIONS[table]} Written by the {phase.name} phase (op {phase.asset}).",
+        group_name=phase.name,
+        code_version=f"{phase.code_version}.s{phase.schema_version}",
+        kinds=kinds,
+        tags={"stormlake/phase": phase.name},
+        metadata={
+            "phase": dg.MetadataValue.text(phase.name),
+            "tier": dg.MetadataValue.int(phase.tier),
+            "dagster/table_name": dg.MetadataValue.text(table),
+            "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(table)),
+        },
+        partitions_def=PARTITIONS,
+    )
+
+
 def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str] | None = None) -> dict[str, Any]:
-    """The ``@dg.asset`` arguments every phase asset shares (partitions, versions, policies)."""
+    """The ``@dg.multi_asset`` arguments of a phase: one asset per table, one op, one grader.
+
+    The op is named after the phase (``Phase.asset``), so run and step names read as before; it
+    cannot be subset, since the phase writes all its tables under one checkpoint. Partitions,
+    the backfill policy (one run per partition), the retry policy and the pool (one per phase:
+    the writer of its Delta tables) are the op's.
+    """
     from assets.partitions import PARTITIONS
 
     return dict(
         name=phase.asset,
+        specs=[table_spec(phase, table, deps=deps or [], kinds=kinds or KINDS) for table in phase.tables],
         partitions_def=PARTITIONS,
-        deps=deps or [],
-        code_version=f"{phase.code_version}.s{phase.schema_version}",
-        group_name="storm",
-        kinds=kinds or {"deltalake", "postgres"},
-        tags={"stormlake/phase": phase.name},
-        metadata={"tables": list(phase.tables), "tier": phase.tier},
+        can_subset=False,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
         retry_policy=TRANSIENT_RETRY,
         check_specs=[grader_spec(phase)],
@@ -48,12 +90,24 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
     )
 
 
+def grader_key(phase: Phase) -> dg.AssetKey:
+    """The asset the phase's grader check is reported on: its first table.
+
+    A check belongs to one asset; the grader judges the whole phase (every table's schema and
+    the phase's invariants) before any of its tables is written, and its verdict holds for all
+    of them. It sits on the first table, the phase's main output (``outages_raw``,
+    ``outages_enriched``, ``cell_hour_stats``, ``region_day_summary``).
+    """
+    return dg.AssetKey(phase.tables[0])
+
+
 def grader_spec(phase: Phase) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(
         "grader",
-        asset=phase.asset,
+        asset=grader_key(phase),
         blocking=True,
-        description=f"Schema and invariants of what {phase.name} hands on; the checkpoint commits only if it passes.",
+        description=f"Schema and invariants of every table {phase.name} hands on "
+                    f"({', '.join(phase.tables)}); the checkpoint commits only if it passes.",
     )
 
 
@@ -73,6 +127,7 @@ def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerReso
 
 
 def outcome_metadata(outcome: Outcome) -> dict[str, Any]:
+    """The phase's outcome for one partition: status, checkpoint, hashes, versions, rows, deliveries."""
     cp = outcome.checkpoint
     summary = cp.summary or {}
     figures = summary.get("figures", {})
@@ -94,12 +149,84 @@ def outcome_metadata(outcome: Outcome) -> dict[str, Any]:
     return meta
 
 
+def table_version(outcome: Outcome, table: str) -> str:
+    """The data version of one table of the outcome: the content hash of what the phase wrote.
+
+    A table's data version changes only when its content does, so a table downstream shows
+    stale only when a table it reads changed. A checkpoint committed before table hashes were
+    recorded gives the phase's state hash (what every table of the phase reported then).
+    """
+    return outcome.table_hashes.get(table) or outcome.state_hash
+
+
+class TableRows:
+    """Total rows of a Delta table at a version (``dagster/row_count``), from the Delta log.
+
+    Every data file's record count is in its add action (written with the file's statistics), so
+    no data is read. One handle per table and process, moved from version to version: the next
+    version costs the few log entries between them, not a replay of the whole log.
+    """
+
+    _handles: dict[str, DeltaTable] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def at(cls, uri: str, version: int) -> int | None:
+        """The table's row count at ``version``; None when the log does not tell (or is unreadable)."""
+        with cls._lock:
+            try:
+                dt = cls._handles.get(uri)
+                if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
+                    dt = cls._handles[uri] = DeltaTable(uri, version=version)
+                elif dt.version() < version:
+                    dt.load_as_version(version)
+                counts = pa.table(dt.get_add_actions(flatten=True)).column("num_records")
+            except (DeltaError, OSError, KeyError, ValueError):
+                cls._handles.pop(uri, None)
+                return None
+        if counts.null_count:
+            return None  # a file written without statistics: the count would be short
+        return int(pc.sum(counts).as_py() or 0)
+
+
+def table_uri(lake: Lake, table: str) -> str:
+    """The table's URI (``dagster/uri``): a ``file://`` URI for a local lake, else the lake's own."""
+    uri = lake.uri(table)
+    return uri if "://" in uri else Path(uri).resolve().as_uri()
+
+
+def table_metadata(outcome: Outcome, table: str, lake: Lake) -> dict[str, Any]:
+    """One table's materialization metadata for one partition: the standard table entries
+    (row counts, column schema, name, URI) and its Delta version and content hash, then the
+    phase's outcome (:func:`outcome_metadata`)."""
+    summary = outcome.checkpoint.summary or {}
+    version = summary.get("delta_versions", {}).get(table)
+    meta: dict[str, Any] = {
+        "dagster/table_name": table,
+        "dagster/uri": table_uri(lake, table),
+        "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(table)),
+    }
+    rows = summary.get("rows", {}).get(table)
+    if rows is not None:
+        meta["dagster/partition_row_count"] = dg.MetadataValue.int(int(rows))
+    if version is not None:
+        total = TableRows.at(lake.uri(table), int(version))
+        if total is not None:
+            meta["dagster/row_count"] = dg.MetadataValue.int(total)
+        meta["delta_version"] = dg.MetadataValue.int(int(version))
+    meta["table_hash"] = table_version(outcome, table)
+    meta.update(outcome_metadata(outcome))
+    return meta
+
+
 def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None, *,
                       ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
                       publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    """Run ``phase`` for every partition of the step; one materialization per table and partition."""
     keys = context.partition_keys
     outcomes: list[Outcome] = []
     failures: list[tuple[str, StormlakeError]] = []
+    runner: PhaseRunner | None = None
     try:
         runner = build_runner(context, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
         regions = runner.regions
@@ -123,27 +250,32 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         if len(failures) > 1:
             message += f" (and {len(failures) - 1} more partitions of this run)"
         if any(e.__class__.__name__ == "GraderError" for _, e in failures):
-            yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=phase.asset,
+            yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=grader_key(phase),
                                       severity=dg.AssetCheckSeverity.ERROR, description=message)
         raise dg.Failure(description=message, allow_retries=False,
                          metadata={"error_class": exc.__class__.__name__,
                                    "failed_partitions": dg.MetadataValue.json([k for k, _ in failures])}) from exc
 
+    assert runner is not None
     if len(outcomes) == 1:
         outcome = outcomes[0]
-        yield dg.MaterializeResult(metadata=outcome_metadata(outcome),
-                                   data_version=dg.DataVersion(outcome.state_hash))
+        for table in phase.tables:
+            yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, runner.lake),
+                                       data_version=dg.DataVersion(table_version(outcome, table)))
     else:
-        # A key range: each partition's materialization carries its own outcome (status, hashes,
-        # versions, rows, deliveries). Dagster takes one data version per step, so a range's
-        # partitions get Dagster's own (code and input versions); the state hash is in the metadata.
-        for key, outcome in zip(keys, outcomes, strict=True):
-            context.add_asset_metadata(outcome_metadata(outcome), partition_key=key)
-        yield dg.MaterializeResult(metadata={
-            "partitions": len(outcomes),
-            "completed": sum(o.status == "COMPLETED" for o in outcomes),
-            "skipped": sum(o.status == "SKIPPED" for o in outcomes),
-        })
+        # A key range: each partition's materialization of each table carries its own outcome
+        # (status, hashes, versions, rows, deliveries). Dagster takes one data version per asset
+        # and step, so a range's partitions get Dagster's own (code and input versions); the
+        # table's content hash is in the metadata.
+        for table in phase.tables:
+            for key, outcome in zip(keys, outcomes, strict=True):
+                context.add_asset_metadata(table_metadata(outcome, table, runner.lake), asset_key=table,
+                                           partition_key=key)
+            yield dg.MaterializeResult(asset_key=table, metadata={
+                "partitions": len(outcomes),
+                "completed": sum(o.status == "COMPLETED" for o in outcomes),
+                "skipped": sum(o.status == "SKIPPED" for o in outcomes),
+            })
     checks: list[Check] = []
     for o in outcomes:
         if o.status == "SKIPPED":  # the grader passed when the checkpoint was committed
@@ -153,7 +285,7 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
             checks.extend(o.checks)
     yield dg.AssetCheckResult(
         check_name="grader",
-        asset_key=phase.asset,
+        asset_key=grader_key(phase),
         passed=all(c.passed for c in checks),
         metadata={
             "checks": dg.MetadataValue.json({c.name: {"passed": c.passed, "detail": c.detail} for c in checks}),

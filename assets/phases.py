@@ -8,13 +8,18 @@ version is never reused: that phase and the phases after it recompute, earlier o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 
 @dataclass(frozen=True)
 class Phase:
     name: str  # ingest | enrich | correlate | present
-    asset: str  # the Dagster asset key
+    asset: str  # the Dagster op (step) that materializes the phase's tables, one asset per table
     tier: int
     tier_label: str
     schema_version: int
@@ -40,3 +45,15 @@ PHASES: tuple[Phase, ...] = (INGEST, ENRICH, CORRELATE, PRESENT)
 LAST_READER = {table: phase.name for phase in PHASES for table in phase.inputs}
 BY_NAME = {p.name: p for p in PHASES}
 TIER_LABELS = {0: "not_started", **{p.tier: p.tier_label for p in PHASES}}
+# The phase of each Dagster op (the ``asset`` names above), e.g. for a step key.
+OP_PHASE = {p.asset: p.name for p in PHASES}
+# The phase writing each table (each table is one Dagster asset, keyed by its name).
+TABLE_PHASE = {table: p.name for p in PHASES for table in p.tables}
+
+
+def table_keys(phases: Phase | Iterable[Phase]) -> list[dg.AssetKey]:
+    """The Dagster asset keys of the tables the phase (or phases, in order) write."""
+    import dagster as dg  # here: the ledger's read-only commands import this module without Dagster
+
+    group = [phases] if isinstance(phases, Phase) else list(phases)
+    return [dg.AssetKey(table) for phase in group for table in phase.tables]

@@ -8,7 +8,6 @@ import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
-from assets.correlate import storm_correlation
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import PRESENT
 from assets.runner import Check, PhaseIO, PhaseOutput
@@ -68,7 +67,7 @@ def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
     yield Check("report_picture", html is not None and b"data:image/png;base64," in html.data, "report has a picture")
 
 
-@dg.asset(**asset_options(PRESENT, deps=[storm_correlation], kinds={"deltalake", "postgres", "html"}))
+@dg.multi_asset(**asset_options(PRESENT, kinds={"deltalake", "postgres", "html"}))
 def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                         landing: LandingResource, publisher: PublisherResource):
     """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""

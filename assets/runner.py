@@ -99,6 +99,12 @@ class Outcome:
     def state_hash(self) -> str:
         return self.checkpoint.state_hash or ""
 
+    @property
+    def table_hashes(self) -> dict[str, str]:
+        """Content hash (:func:`table_hash`) of each table the checkpoint wrote; empty for a
+        checkpoint committed before they were recorded."""
+        return dict((self.checkpoint.summary or {}).get("table_hashes") or {})
+
 
 def table_hash(table: pa.Table) -> str:
     """Content hash of a table: sha256 over its schema and each column's Arrow buffers.
@@ -254,7 +260,7 @@ class PhaseRunner:
                     f"{phase.name} of {part.key} needs {name} at schema version {current.schema_version},"
                     f" code version {current.code_version}, but its checkpoint has schema version"
                     f" {cp.schema_version}, code version {cp.code_version}; run {name} first"
-                    f" (materialize {current.asset} with this partition)"
+                    f" (materialize its tables {', '.join(current.tables)} with this partition)"
                 )
             ups[name] = cp
         return ups, heads.get(phase.name)
@@ -447,6 +453,7 @@ class PhaseRunner:
             "rows": rows,
             "delta_versions": versions,
             "delta_written": written,
+            "table_hashes": hashes,
             "figures": out.figures,
             "upstream": basis["upstream"],
             "artifacts": sorted(a.artifact_id for a in out.artifacts),

@@ -8,7 +8,13 @@ A change to a table's columns is a schema change: bump the owning phase's
 
 from __future__ import annotations
 
+from functools import cache
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 TS = pa.timestamp("us", tz="UTC")
 PARTITION_COLUMNS = ["region_id", "day"]
@@ -161,3 +167,39 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
     "storm_clusters": ("correlate", STORM_CLUSTERS),
     "region_day_summary": ("present", REGION_DAY_SUMMARY),
 }
+
+#: table name -> what one row is (the table asset's description in Dagster's catalog)
+DESCRIPTIONS: dict[str, str] = {
+    "outages_raw": "One validated outage report of the batch's outages.csv.",
+    "weather_raw": "One validated weather observation of the batch's weather.csv.",
+    "customers_ref": "Customers per H3 cell and feeder of the batch's region, as its ingest read them.",
+    "terrain_ref": "Terrain per H3 cell of the batch's region, as its ingest read it.",
+    "quarantine": "One rejected landing row: file, line, field, reason and the raw text.",
+    "outages_enriched": "One outage on its H3 resolution-7 cell, with the cell's customers, feeder, terrain "
+                        "and the weather there in that hour.",
+    "cell_hour_stats": "Outages and customers out per H3 cell and UTC hour, against the gust and rain there.",
+    "cell_risk": "Risk in [0, 1] per H3 cell with outages (density, hazard, vulnerability), and its cluster.",
+    "storm_clusters": "One damage cluster: anomalous cells connected through H3 adjacency.",
+    "region_day_summary": "The batch's one summary row: outages, customers out, clusters, restoration, top feeders.",
+}
+
+
+@cache
+def table_schema(table: str) -> dg.TableSchema:
+    """The Dagster column schema (``dagster/column_schema``) of a table, from its Arrow schema above.
+
+    A column's type is the Arrow type as Arrow prints it (``timestamp[us, tz=UTC]``,
+    ``list<item: string>``); a non-nullable field is marked ``nullable=False``.
+    """
+    import dagster as dg  # here: this module is imported by commands that never load Dagster
+
+    _, schema = TABLES[table]
+    return dg.TableSchema(columns=[
+        dg.TableColumn(
+            name=f.name,
+            type=str(f.type),
+            description="partition column" if f.name in PARTITION_COLUMNS else None,
+            constraints=dg.TableColumnConstraints(nullable=f.nullable),
+        )
+        for f in schema
+    ])

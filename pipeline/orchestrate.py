@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets.phases import PHASES
+from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
 
-ASSET_PHASE = {p.asset: p.name for p in PHASES}
+# The phase of each table asset; a step is named after its phase's op (``OP_PHASE``).
+ASSET_PHASE = dict(TABLE_PHASE)
 # The CLI prints one line per partition and one per error; Dagster's console log (with its
 # stack traces) stays out of the terminal. Everything is still in the run's event log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -80,10 +81,10 @@ def _failure_message(event: dg.DagsterEvent) -> str:
 
 
 def phase_selection(first: int) -> list[dg.AssetKey] | None:
-    """The phase assets from the ``first``-th phase on (None: the whole job)."""
+    """The table assets of the phases from the ``first``-th on (None: the whole job)."""
     if first <= 0:
         return None
-    return [dg.AssetKey(p.asset) for p in PHASES[first:]]
+    return table_keys(PHASES[first:])
 
 
 def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str, *,
@@ -96,16 +97,18 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
     for event in result.all_events:
         if event.is_step_materialization:
             mat = event.step_materialization_data.materialization
-            phase = ASSET_PHASE.get(mat.asset_key.to_user_string())
+            table = mat.asset_key.to_user_string()
+            phase = ASSET_PHASE.get(table)
             if phase:
                 status = mat.metadata.get("status")
                 run.phases[phase] = str(status.value) if status is not None else "COMPLETED"
-                delivered = mat.metadata.get("delivered")
+                # Every table of the phase carries the phase's outcome: its deliveries once.
+                delivered = mat.metadata.get("delivered") if table == BY_NAME[phase].tables[0] else None
                 if delivered is not None:
                     run.delivered.extend(delivered.value or [])
         elif event.is_step_failure:
             step = event.step_key or ""
-            phase = ASSET_PHASE.get(step.split(".")[0], step)
+            phase = OP_PHASE.get(step.split(".")[0], step)
             run.phases[phase] = "FAILED"
             run.error = run.error or _failure_message(event)
             data = event.step_failure_data

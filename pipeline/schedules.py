@@ -1,13 +1,14 @@
 """The daily schedule: yesterday's batch of every region, once the UTC day is over.
 
 ``daily_storm_schedule`` is built from ``storm_job``'s partitions
-(``dg.build_schedule_from_partitioned_job``): the day dimension is daily in UTC, so at 03:00 UTC
-it asks for one run per region of the day that just ended (``<yesterday>|<region>``), each with
-that partition key as its run key, so a tick evaluated twice (daemon restart, a manual "test
-tick") never launches a partition twice. A tick before the first full day of the partitions
-(``STORMLAKE_FIRST_DAY``) is skipped. A run for a partition that is already published only
-records skips in the ledger (the phases decide), so a late schedule after a manual backfill
-costs a few seconds and delivers nothing.
+(``dg.build_schedule_from_partitioned_job``; the job takes them from its table assets, so the
+schedule is complete once the code location resolves the job: ``defs.resolve_schedule_def``).
+The day dimension is daily in UTC, so at 03:00 UTC it asks for one run per region of the day
+that just ended (``<yesterday>|<region>``), each with that partition key as its run key, so a
+tick evaluated twice (daemon restart, a manual "test tick") never launches a partition twice. A
+tick before the first full day of the partitions (``STORMLAKE_FIRST_DAY``) is skipped. A run for
+a partition that is already published only records skips in the ledger (the phases decide), so a
+late schedule after a manual backfill costs a few seconds and delivers nothing.
 
 ``observe_landing_schedule`` runs the ``observe_landing`` job every 15 minutes: an observation of
 the landing files (no phase runs), so a changed landing file shows its partition of ingest stale

@@ -22,12 +22,12 @@
     failures, and continues partitions that stopped between phases: when a partition's latest
     event is a COMPLETED phase other than present, the run that produced it is over (or unknown
     to this instance), and the next phase is not already COMPLETED on that result, it requests
-    the remaining phase assets for the partition with the run key ``outbox:<event id>``. While
-    the producing run is still in progress the event is kept pending in the cursor and looked at
-    again on the next tick. FAILED events are only reported: retrying is the run-retry policy's job.
-    Each tick records in the ledger (``event_readers``, reader ``outbox_sensor``) how far it has
-    read: the position of the cursor the tick started from, which Dagster has stored, less any
-    event still pending in it. ``stormlake prune`` never deletes an event after that position, so
+    the table assets of the remaining phases (and their graders) for the partition with the run
+    key ``outbox:<event id>``. While the producing run is still in progress the event is kept
+    pending in the cursor and looked at again on the next tick. FAILED events are only reported:
+    retrying is the run-retry policy's job. Each tick records in the ledger (``event_readers``,
+    reader ``outbox_sensor``) how far it has read: the position of the cursor the tick started
+    from, which Dagster has stored, less any event still pending in it. ``stormlake prune`` never deletes an event after that position, so
     a cursor that was not stored (a tick that died) is read again from events that still exist.
 
 Both are STOPPED by default (turn them on in the UI under Automation, or with
@@ -47,7 +47,7 @@ import dagster as dg
 
 from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
-from assets.phases import PHASES
+from assets.phases import PHASES, table_keys
 from pipeline.jobs import storm_job
 from pipeline.schedules import LAUNCHED_BY
 from resources.lake import LakeResource
@@ -220,14 +220,16 @@ def _run_in_progress(instance: dg.DagsterInstance, run_id: str | None) -> bool:
 
 
 def continuation_request(p: Pending) -> dg.RunRequest:
-    """The run of the phases after ``p.phase`` for ``p.partition_key``."""
+    """The run of the phases after ``p.phase`` for ``p.partition_key``: their tables and graders."""
+    from assets.materialize import grader_key
+
     idx = [ph.name for ph in PHASES].index(p.phase)
-    remaining = [dg.AssetKey(ph.asset) for ph in PHASES[idx + 1:]]
+    remaining = PHASES[idx + 1:]
     return dg.RunRequest(
         run_key=f"outbox:{p.event_id}",
         partition_key=p.partition_key,
-        asset_selection=remaining,
-        asset_check_keys=[dg.AssetCheckKey(k, "grader") for k in remaining],
+        asset_selection=table_keys(remaining),
+        asset_check_keys=[dg.AssetCheckKey(grader_key(ph), "grader") for ph in remaining],
         tags={LAUNCHED_BY: "outbox_sensor", "stormlake/outbox_event": str(p.event_id),
               "stormlake/resume_after": p.phase},
     )

@@ -13,6 +13,7 @@ run that test first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -132,6 +133,22 @@ def pool_storage_connections(instance: dg.DagsterInstance, *, max_overflow: int)
     other process. No statement timeout (0): a phase's storage calls may wait on the pools.
     """
     instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=max_overflow)
+    remember_tables(instance)
+
+
+def remember_tables(instance: dg.DagsterInstance) -> None:
+    """Answer the event-log storage's ``has_table`` from memory after its first look per table.
+
+    dagster-postgres asks ``has_table`` (an inspector query on a fresh connection) for every asset
+    event it stores, to see whether optional tables exist (dagster-io/dagster#34058, #34020). A
+    process writing ten materializations a partition paid about a tenth of a backfill's wall time
+    for it. Tables are only ever added, by ``dagster instance migrate`` or stormlake's own storage
+    creation, both before the process starts its runs, so an answer once given stays true for the
+    process's life. The method is an instance attribute of the storage object, not public API.
+    """
+    storage = instance.event_log_storage
+    if hasattr(storage, "has_table") and not hasattr(storage.has_table, "cache_info"):
+        storage.has_table = functools.cache(storage.has_table)  # type: ignore[method-assign]
 
 
 # ---- Dagster's storage on PostgreSQL: created whole, and its pools' rows made up front -------

@@ -16,7 +16,7 @@ KEY = "2026-09-01|gulf_coast"
 
 def materialize(key: str = KEY, *, selection: list[Any] | None = None, raise_on_error: bool = False,
                 instance: dg.DagsterInstance | None = None) -> dg.ExecuteInProcessResult:
-    """Materialize the phase assets for one partition with resources built from the environment."""
+    """Materialize the phase assets (their tables) for one partition with resources built from the environment."""
     return dg.materialize(
         PHASE_ASSETS,
         selection=selection,
@@ -51,9 +51,22 @@ def table_versions(root: str) -> dict[str, int | None]:
 
 
 def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:
-    """asset name -> status metadata (COMPLETED / SKIPPED) of each materialization."""
-    out = {}
+    """Phase op (step) name -> the status metadata (COMPLETED / SKIPPED) of its materializations.
+
+    Every table of a phase carries the phase's outcome, so they must agree, and a phase that
+    materialized some of its tables must have materialized all of them.
+    """
+    from assets.phases import BY_NAME, TABLE_PHASE
+
+    by_phase: dict[str, dict[str, str]] = {}
     for ev in result.get_asset_materialization_events():
         mat = ev.step_materialization_data.materialization
-        out[mat.asset_key.to_user_string()] = mat.metadata["status"].value
+        table = mat.asset_key.to_user_string()
+        by_phase.setdefault(TABLE_PHASE[table], {})[table] = mat.metadata["status"].value
+    out = {}
+    for name, statuses in by_phase.items():
+        phase = BY_NAME[name]
+        assert set(statuses) == set(phase.tables), f"{name} materialized {sorted(statuses)} of {phase.tables}"
+        assert len(set(statuses.values())) == 1, f"{name}: its tables disagree: {statuses}"
+        out[phase.asset] = next(iter(statuses.values()))
     return out

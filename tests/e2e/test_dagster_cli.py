@@ -14,13 +14,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from assets.phases import PHASES
+from assets.phases import INGEST, PHASES
+from assets.schemas import TABLES
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-ASSETS = {p.asset for p in PHASES}
+ASSETS = set(TABLES)  # one asset per table of the four phases
 
 
 @pytest.fixture
@@ -61,15 +62,18 @@ def _statuses(run_id: str) -> dict[str, str]:
         return out
 
 
-def _landing_observations(key: str) -> tuple[list[dg.EventLogRecord], int | None]:
-    """The observations of landing_files for ``key``, and the one the latest ingest points at."""
+def _landing_observations(key: str) -> tuple[list[dg.EventLogRecord], set[int | None]]:
+    """The observations of landing_files for ``key``, and the ones the latest ingest's tables point at."""
     with dg.DagsterInstance.get() as instance:
         flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey("landing_files"), asset_partitions=[key])
         observations = list(instance.fetch_observations(flt, limit=10).records)
-        mats = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("ingested_batch"), asset_partitions=[key]), limit=1).records
-        provenance = dg.DataProvenance.from_tags(mats[0].asset_materialization.tags) if mats else None
-        return observations, provenance.input_storage_ids.get(dg.AssetKey("landing_files")) if provenance else None
+        pointers: set[int | None] = set()
+        for table in INGEST.tables:
+            mats = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(table), asset_partitions=[key]), limit=1).records
+            provenance = dg.DataProvenance.from_tags(mats[0].asset_materialization.tags) if mats else None
+            pointers.add(provenance.input_storage_ids.get(dg.AssetKey("landing_files")) if provenance else None)
+        return observations, pointers
 
 
 def test_dagster_asset_materialize_from_a_shell(cli_env: dict[str, str]) -> None:
@@ -90,11 +94,11 @@ def test_dagster_asset_materialize_from_a_shell(cli_env: dict[str, str]) -> None
     assert _statuses(first_run) == {a: "COMPLETED" for a in ASSETS}
     listed = _shell(f"{shlex.quote(str(BIN / 'dagster'))} run list --limit 5", cli_env)
     assert listed.returncode == 0 and first_run in listed.stdout, listed.stderr[-2000:]
-    # '*' selects the four phases, not the observable source landing_files; the ingest step (in its
-    # own process) observed the files it read, and its materialization points at that observation.
-    observations, pointer = _landing_observations(key)
+    # '*' selects the ten tables, not the observable source landing_files; the ingest step (in its
+    # own process) observed the files it read, and its tables' materializations point at that observation.
+    observations, pointers = _landing_observations(key)
     assert [o.run_id for o in observations] == [first_run]
-    assert pointer is not None and pointer >= observations[0].storage_id
+    assert len(pointers) == 1 and None not in pointers and pointers.pop() >= observations[0].storage_id
 
     # The same command again is a second Dagster run that computes nothing.
     again = _shell(cmd, cli_env)

@@ -6,8 +6,11 @@ project's PostgreSQL instance.
   (the assets' backfill policy), and ``stormlake status --json`` shows every partition published.
 - The same backfill again computes nothing and delivers nothing.
 - Both sensors, turned on through GraphQL ``startSensor``, get a real daemon tick each.
-- Headless Chromium renders the asset graph with the four phase assets (screenshot kept under
-  ``test-artifacts/``).
+- The catalog holds one asset per Delta table (ten, grouped by phase, each with its column
+  schema before any run), and after the backfill each table's latest materialization carries
+  its row counts and column schema (GraphQL ``assetNodes``, what the UI's asset pages read).
+- Headless Chromium renders the global asset graph (``/asset-groups``) with the ten tables and
+  the landing files (screenshot kept under ``test-artifacts/``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,14 +34,15 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from assets.phases import PHASES
+from assets.phases import PHASES, TABLE_PHASE
+from assets.schemas import TABLES
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ARTIFACTS = REPO / "test-artifacts"
-ASSETS = [p.asset for p in PHASES]
+ASSETS = list(TABLES)  # one asset per Delta table of the four phases
 KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
 DONE = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 HANG_GUARD_S = 900  # a deadline against hanging forever, not a performance assertion
@@ -171,6 +176,23 @@ mutation Stop($origin: String!, $selector: String!) {
 """
 
 
+TABLE_NODES = """
+query Tables {
+  assetNodes {
+    assetKey { path } groupName opNames isMaterializable
+    metadataEntries { label ... on TableSchemaMetadataEntry { schema { columns { name type } } } }
+    assetMaterializations(limit: 1) {
+      partition
+      metadataEntries { label
+        ... on IntMetadataEntry { intValue }
+        ... on TextMetadataEntry { text }
+        ... on TableSchemaMetadataEntry { schema { columns { name type } } } }
+    }
+  }
+}
+"""
+
+
 def _location(d: Dagster) -> tuple[str, str]:
     nodes = d.gql(REPOS)["repositoriesOrError"]["nodes"]
     assert len(nodes) == 1, nodes
@@ -287,6 +309,7 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
         assert p["deliveries"] and all(r["status"] == "DELIVERED" for r in p["deliveries"])
     firsts = _materialization_statuses([r["id"] for r in runs])
     assert set(firsts.values()) == {"COMPLETED"} and len(firsts) == len(KEYS) * len(ASSETS)
+    _check_table_catalog(d)
 
     before = _ledger_counts()
     versions_before = _delta_versions()
@@ -346,6 +369,37 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     _check_asset_graph(d, location)
 
 
+def _check_table_catalog(d: Dagster) -> None:
+    """Ten table assets grouped by phase, each with its column schema and, materialized, its row counts."""
+    from assets.schemas import table_schema
+
+    nodes = {"/".join(n["assetKey"]["path"]): n for n in d.gql(TABLE_NODES)["assetNodes"]}
+    assert set(nodes) == {*ASSETS, "landing_files"}, sorted(nodes)
+    ops = {p.name: p.asset for p in PHASES}
+    for table in ASSETS:
+        node = nodes[table]
+        phase = TABLE_PHASE[table]
+        assert (node["groupName"], node["opNames"], node["isMaterializable"]) == (phase, [ops[phase]], True), node
+        columns = [(c.name, c.type) for c in table_schema(table).columns]
+        # The Columns tab before any run: the schema is definition metadata.
+        (schema,) = [e for e in node["metadataEntries"] if e["label"] == "dagster/column_schema"]
+        assert [(c["name"], c["type"]) for c in schema["schema"]["columns"]] == columns, table
+        # The latest materialization: row counts, column schema, name and URI of the Delta table.
+        (mat,) = node["assetMaterializations"]
+        assert mat["partition"] in KEYS, mat
+        entries = {e["label"]: e for e in mat["metadataEntries"]}
+        rows, total = entries["dagster/partition_row_count"]["intValue"], entries["dagster/row_count"]["intValue"]
+        assert 0 <= rows <= total, (table, rows, total)
+        assert [(c["name"], c["type"]) for c in entries["dagster/column_schema"]["schema"]["columns"]] == columns
+        assert entries["dagster/table_name"]["text"] == table
+        assert entries["dagster/uri"]["text"].startswith("file://") and entries["dagster/uri"]["text"].endswith(
+            f"/lake/{table}"), entries["dagster/uri"]
+    # One summary row per batch: the table held between one and all the backfill's partitions when written.
+    summary = {e["label"]: e for e in nodes["region_day_summary"]["assetMaterializations"][0]["metadataEntries"]}
+    assert summary["dagster/partition_row_count"]["intValue"] == 1
+    assert 1 <= summary["dagster/row_count"]["intValue"] <= len(KEYS)
+
+
 def _first_tick(d: Dagster, selector: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sensor's first finished tick (as the daemon recorded it) and its state at that time."""
     deadline = time.monotonic() + HANG_GUARD_S
@@ -376,7 +430,13 @@ def _browser(args: list[str], url: str, profile: Path) -> subprocess.CompletedPr
 
 
 def _check_asset_graph(d: Dagster, location: str) -> None:
-    url = f"{d.url}/locations/{location}/asset-groups/storm"
+    """The global asset graph (one location: the landing files and the ten tables in their phase groups).
+
+    The UI draws a graph of several groups with the groups collapsed; ``expanded`` (what its
+    "Expand all groups" puts in the URL) opens the five.
+    """
+    groups = ",".join(f"global@global:{g}" for g in ["landing", *(p.name for p in PHASES)])
+    url = f"{d.url}/asset-groups?{urllib.parse.urlencode({'expanded': groups})}"
     ARTIFACTS.mkdir(exist_ok=True)
     profile = ARTIFACTS / "chromium-profile"
     shutil.rmtree(profile, ignore_errors=True)
@@ -384,7 +444,7 @@ def _check_asset_graph(d: Dagster, location: str) -> None:
         dom = _browser(["--dump-dom"], url, profile)
         assert dom.returncode == 0, dom.stderr[-3000:]
         (ARTIFACTS / "asset-graph.html").write_text(dom.stdout)
-        missing = [a for a in ASSETS if a not in dom.stdout]
+        missing = [a for a in [*ASSETS, "landing_files"] if a not in dom.stdout]
         assert not missing, f"asset(s) {missing} not in the rendered asset graph (see test-artifacts/asset-graph.html)"
         shot = ARTIFACTS / "asset-graph.png"
         shot.unlink(missing_ok=True)

@@ -36,7 +36,12 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCATION = "stormlake"
-ASSETS = {"landing_files", "ingested_batch", "enriched_outages", "storm_correlation", "operational_picture"}
+TABLES = {  # one asset per Delta table, grouped by the phase that writes it
+    "outages_raw": "ingest", "weather_raw": "ingest", "customers_ref": "ingest", "terrain_ref": "ingest",
+    "quarantine": "ingest", "outages_enriched": "enrich", "cell_hour_stats": "correlate", "cell_risk": "correlate",
+    "storm_clusters": "correlate", "region_day_summary": "present",
+}
+ASSETS = {"landing_files", *TABLES}
 JOBS = {"storm_job", "observe_landing"}
 SCHEDULES = {"daily_storm_schedule", "observe_landing_schedule"}
 SENSORS = {"landing_sensor", "outbox_sensor"}
@@ -162,6 +167,16 @@ def test_dg_check_and_list_defs_from_the_repo_root(prepared: dict[str, str]) -> 
     assert listed.returncode == 0, listed.stderr[-4000:]
     defs = json.loads(listed.stdout)
     assert {a["asset_key"] for a in defs["assets"]} == ASSETS
+    assets = {a["asset_key"]: a for a in defs["assets"]}
+    assert {t: assets[t]["group_name"] for t in TABLES} == TABLES
+    assert assets["outages_raw"]["dependency_keys"] == ["landing_files"]
+    assert set(assets["outages_enriched"]["dependency_keys"]) == {"outages_raw", "weather_raw", "customers_ref",
+                                                                 "terrain_ref"}
+    # Each table points at its phase's function (dg.with_source_code_references).
+    assert {t: assets[t]["source"].split(":")[0] for t in TABLES} == {t: f"assets/{p}.py" for t, p in TABLES.items()}
+    # One grader per phase, on the phase's first table.
+    assert {c["key"] for c in defs["asset_checks"]} == {
+        "outages_raw:grader", "outages_enriched:grader", "cell_hour_stats:grader", "region_day_summary:grader"}
     assert {j["name"] for j in defs["jobs"]} == JOBS
     assert {s["name"] for s in defs["schedules"]} == SCHEDULES
     assert {s["name"] for s in defs["sensors"]} == SENSORS

@@ -207,6 +207,19 @@ def test_pool_storage_connections_keeps_connections_open(instance: dg.DagsterIns
         "optimize_for_webserver no longer keeps a connection pool", "pool_storage_connections")
 
 
+def test_remember_tables_answers_has_table_without_a_query(instance: dg.DagsterInstance) -> None:
+    storage = instance.event_log_storage
+    assert callable(getattr(storage, "has_table", None)), _fail(
+        "the event-log storage has no has_table method any more", "remember_tables")
+    compat.remember_tables(instance)
+    assert storage.has_table("event_logs") is True
+    assert storage.has_table("no_such_table_here") is False
+    assert storage.has_table.cache_info().hits == 0
+    assert storage.has_table("event_logs") is True and storage.has_table.cache_info().hits == 1
+    compat.remember_tables(instance)  # a second call keeps the same cache
+    assert storage.has_table.cache_info().hits == 1
+
+
 def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from alembic.script import ScriptDirectory

@@ -1,4 +1,5 @@
-"""The code location loads: job, the four phase assets, their partitions, code versions and graders;
+"""The code location loads: job, one asset per table of the four phases (grouped by phase, one op
+per phase), their lineage, partitions, code versions, column schemas, code references and graders;
 and the observable source asset landing_files (the input of ingest) with its observe job and schedule."""
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import dagster as dg
 import pytest
 
 from assets.phases import PHASES
+from assets.schemas import TABLES, table_schema
 
 REPO = Path(__file__).resolve().parents[2]
-ASSETS = ("ingested_batch", "enriched_outages", "storm_correlation", "operational_picture")
+OPS = ("ingested_batch", "enriched_outages", "storm_correlation", "operational_picture")
+ASSETS = tuple(TABLES)  # one asset per Delta table
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def test_defs_load_and_job_resolves(defs: dg.Definitions) -> None:
     assert keys == set(ASSETS)
 
 
-def test_landing_files_is_an_observable_source_outside_the_storm_group(defs: dg.Definitions) -> None:
+def test_landing_files_is_an_observable_source_outside_the_phase_groups(defs: dg.Definitions) -> None:
     from assets.partitions import PARTITIONS
 
     graph = defs.resolve_asset_graph()
@@ -42,9 +45,11 @@ def test_landing_files_is_an_observable_source_outside_the_storm_group(defs: dg.
     assert node.is_observable and not node.is_materializable
     assert node.partitions_def == PARTITIONS
     assert node.group_name == "landing"
-    assert {k.to_user_string() for k in graph.get(dg.AssetKey("ingested_batch")).parent_keys} == {"landing_files"}
-    # The phases are the storm group; the source is not (storm_job: exactly the four phases).
-    assert {k.to_user_string() for k in dg.AssetSelection.groups("storm").resolve(graph)} == set(ASSETS)
+    for table in PHASES[0].tables:  # ingest's tables
+        assert {k.to_user_string() for k in graph.get(dg.AssetKey(table)).parent_keys} == {"landing_files"}
+    # Each phase's tables are a group named after the phase; the source is not in them.
+    for phase in PHASES:
+        assert {k.to_user_string() for k in dg.AssetSelection.groups(phase.name).resolve(graph)} == set(phase.tables)
 
     job = defs.resolve_job_def("observe_landing")
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"landing_files"}
@@ -59,9 +64,43 @@ def test_landing_files_is_an_observable_source_outside_the_storm_group(defs: dg.
         (None, "observe_landing_schedule")]
 
 
-def test_phase_assets_are_in_protocol_order() -> None:
-    assert tuple(p.asset for p in PHASES) == ASSETS
+def test_phase_ops_are_in_protocol_order() -> None:
+    assert tuple(p.asset for p in PHASES) == OPS
     assert [p.tier for p in PHASES] == [1, 2, 3, 4]
+    assert sorted(t for p in PHASES for t in p.tables) == sorted(ASSETS)
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.name)
+def test_one_op_writes_every_table_of_a_phase(defs: dg.Definitions, phase) -> None:
+    keys = [dg.AssetKey(t) for t in phase.tables]
+    asset = defs.resolve_assets_def(keys[0])
+    assert asset.op.name == phase.asset  # step and run names read as before
+    assert set(asset.keys) == set(keys)
+    assert not asset.can_subset  # one checkpoint covers all the phase's tables
+    assert asset.op.pool == f"stormlake_{phase.name}"
+    assert asset.backfill_policy == dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+    assert asset.op.retry_policy is not None and asset.op.retry_policy.max_retries == 2
+    # One blocking grader per phase, on its first table.
+    graders = [s for s in asset.check_specs if s.name == "grader"]
+    assert [(s.asset_key, s.blocking) for s in graders] == [(keys[0], True)]
+    assert [s.name for s in asset.check_specs] == ["grader"]
+    graph = defs.resolve_asset_graph()
+    for key in keys:
+        node = graph.get(key)
+        assert node.group_name == phase.name
+        assert node.code_version == f"{phase.code_version}.s{phase.schema_version}"
+        assert node.tags.get("stormlake/phase") == phase.name
+        assert {"deltalake", "postgres"} <= set(node.kinds)
+        # Table-level lineage: the tables the phase reads (ingest: the landing files).
+        assert {k.to_user_string() for k in node.parent_keys} == (set(phase.inputs) or {"landing_files"})
+        meta = node.metadata
+        assert meta["dagster/column_schema"].schema == table_schema(key.path[-1])
+        assert meta["dagster/table_name"].value == key.path[-1]
+        # The code reference is the phase function (its first line: the decorator).
+        (ref,) = meta["dagster/code_references"].code_references
+        lines = Path(ref.file_path).read_text().splitlines()[ref.line_number - 1:ref.line_number + 1]
+        assert Path(ref.file_path) == REPO / "assets" / f"{phase.name}.py", ref
+        assert lines[0].startswith("@dg.multi_asset(") and lines[1].startswith(f"def {phase.asset}("), lines
 
 
 @pytest.mark.parametrize("name", ASSETS)
@@ -85,18 +124,24 @@ def test_asset_partitions_code_version_and_grader(defs: dg.Definitions, name: st
 
     specs = list(asset.check_specs)
     graders = [s for s in specs if s.name == "grader"]
-    assert len(graders) == 1, f"{name}: expected one 'grader' check, got {[s.name for s in specs]}"
-    assert graders[0].asset_key == key
+    assert len(graders) == 1, f"{name}: expected one 'grader' check on its phase, got {[s.name for s in specs]}"
     assert graders[0].blocking is True
 
 
-def test_assets_depend_on_the_previous_phase(defs: dg.Definitions) -> None:
-    for prev, cur in zip(ASSETS, ASSETS[1:], strict=False):
-        deps = {k.to_user_string() for k in defs.resolve_assets_def(cur).asset_deps[dg.AssetKey(cur)]}
-        assert prev in deps, f"{cur} does not depend on {prev}: {deps}"
+def test_tables_depend_on_the_tables_their_phase_reads(defs: dg.Definitions) -> None:
+    graph = defs.resolve_asset_graph()
+    parents = {k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys}
+               for k in graph.get_all_asset_keys()}
+    assert parents["outages_enriched"] == {"outages_raw", "weather_raw", "customers_ref", "terrain_ref"}
+    assert parents["storm_clusters"] == {"outages_enriched", "weather_raw", "customers_ref", "terrain_ref"}
+    assert parents["region_day_summary"] == {"outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters",
+                                             "customers_ref"}
+    assert parents["quarantine"] == {"landing_files"}
+    # Nothing reads quarantine: a change there makes no later table stale.
+    assert not any("quarantine" in p for p in parents.values())
 
 
-def test_dagster_cli_lists_all_four_assets(sl_env: dict[str, str], tmp_path: Path) -> None:
+def test_dagster_cli_lists_all_ten_table_assets(sl_env: dict[str, str], tmp_path: Path) -> None:
     import os
 
     env = dict(os.environ)

@@ -21,14 +21,15 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from assets.landing_files import DATA_VERSION_TAG, LANDING_FILES, LANDING_KEY, landing_version
-from assets.phases import INGEST, PHASES
+from assets.phases import INGEST, PHASES, table_keys
 from resources.landing import Landing
 from tests.helpers import KEY
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER = "2026-09-01|pine_belt"
-INGEST_KEY = dg.AssetKey(INGEST.asset)
-PHASE_KEYS = [dg.AssetKey(p.asset) for p in PHASES]
+INGEST_KEYS = table_keys(INGEST)  # ingest's tables: one step, each depends on landing_files
+OUTAGES_RAW = dg.AssetKey("outages_raw")
+TABLE_KEYS = table_keys(PHASES)
 
 
 @pytest.fixture
@@ -70,18 +71,25 @@ def _workspace(instance: dg.DagsterInstance) -> Iterator[object]:
 
 
 def _ui(instance: dg.DagsterInstance, partition: str) -> dict[str, tuple[str, list[tuple]]]:
-    """Asset -> (stale status, root causes as (asset, partition, reason)) of the four phases, as the UI gets them."""
+    """Table -> (stale status, root causes as (asset, partition, reason)) of every table, as the UI gets them."""
     with _workspace(instance) as ctx:
-        result = execute_dagster_graphql(ctx, STALE_QUERY, {"keys": [{"path": k.path} for k in PHASE_KEYS],
+        result = execute_dagster_graphql(ctx, STALE_QUERY, {"keys": [{"path": k.path} for k in TABLE_KEYS],
                                                               "partition": partition})
     assert not result.errors, result.errors
-    return {"/".join(n["assetKey"]["path"]): (n["staleStatus"], [
-        ("/".join(c["key"]["path"]), c["partitionKey"], c["reason"]) for c in n["staleCauses"]])
+    return {"/".join(n["assetKey"]["path"]): (n["staleStatus"], sorted(
+        ("/".join(c["key"]["path"]), c["partitionKey"], c["reason"]) for c in n["staleCauses"]))
         for n in result.data["assetNodes"]}
 
 
 def _status(instance: dg.DagsterInstance, key: str) -> dict[str, str]:
     return {name: status for name, (status, _) in _ui(instance, key).items()}
+
+
+def _ingest_status(instance: dg.DagsterInstance, key: str) -> str:
+    """The stale status of ingest's tables in a partition (they always agree: same step, same input)."""
+    statuses = {_status(instance, key)[k.to_user_string()] for k in INGEST_KEYS}
+    assert len(statuses) == 1, statuses
+    return statuses.pop()
 
 
 def _direct_causes(instance: dg.DagsterInstance, asset: dg.AssetKey, partition: str) -> list[tuple]:
@@ -130,7 +138,7 @@ def _touch(key: str) -> None:
 
 def _run_ingest(defs: dg.Definitions, instance: dg.DagsterInstance, key: str, **kwargs) -> dg.ExecuteInProcessResult:
     result = defs.resolve_job_def("storm_job").execute_in_process(
-        partition_key=key, asset_selection=[INGEST_KEY], instance=instance, **kwargs)
+        partition_key=key, asset_selection=INGEST_KEYS, instance=instance, **kwargs)
     assert result.success
     return result
 
@@ -144,14 +152,15 @@ def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict
     # Fresh after the run: ingest recorded the observation of the files it read, before its
     # materialization, and the materialization points at it.
     assert set(_status(instance, KEY).values()) == {"FRESH"}
-    assert _status(instance, OTHER)[INGEST.asset] == "FRESH"
+    assert _ingest_status(instance, OTHER) == "FRESH"
     (obs,) = _observations(instance, KEY)
     assert _data_version(obs) == _version(KEY)
     assert obs.run_id == done.run_id
-    mat = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=INGEST_KEY, asset_partitions=[KEY]), limit=1).records[0]
-    provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
-    assert provenance is not None and provenance.input_storage_ids[LANDING_KEY] >= obs.storage_id
+    for table in INGEST_KEYS:
+        mat = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=table, asset_partitions=[KEY]), limit=1).records[0]
+        provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
+        assert provenance is not None and provenance.input_storage_ids[LANDING_KEY] >= obs.storage_id, table
 
     # Ingest again (it skips in the ledger): no second observation, still fresh.
     _run_ingest(defs, instance, KEY)
@@ -176,21 +185,28 @@ def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict
     assert [r.partition_key for r in _observations(instance)][:1] == [KEY]
     assert _data_version(_observations(instance, KEY)[0]) == _version(KEY)
     ui = _ui(instance, KEY)
-    assert ui[INGEST.asset] == ("STALE", [(LANDING_FILES, KEY, "has a new data version")])
-    assert _direct_causes(instance, INGEST_KEY, KEY) == [(LANDING_KEY, KEY, "has a new dependency data version")]
-    assert _status(instance, OTHER)[INGEST.asset] == "FRESH"
-    # Dagster 1.13's stale status is not transitive: a phase is stale when its own direct input
-    # changed, so enrich..present still show in sync with the ingest they read, until it runs.
-    assert [ui[k.to_user_string()] for k in PHASE_KEYS[1:]] == [("FRESH", [])] * 3
+    for table in INGEST_KEYS:
+        assert ui[table.to_user_string()] == ("STALE", [(LANDING_FILES, KEY, "has a new data version")]), table
+        assert _direct_causes(instance, table, KEY) == [(LANDING_KEY, KEY, "has a new dependency data version")]
+    assert _ingest_status(instance, OTHER) == "FRESH"
+    # Dagster 1.13's stale status is not transitive: a table is stale when its own direct input
+    # changed, so the tables of enrich..present still show in sync with the ingest they read.
+    assert {t: ui[t.to_user_string()] for t in TABLE_KEYS if t not in INGEST_KEYS} == {
+        t: ("FRESH", []) for t in TABLE_KEYS if t not in INGEST_KEYS}
 
-    # Ingest again: it reads the new files and is fresh (the observation already carried them);
-    # its new data version (state hash) now shows enrich stale, and so on down the phases.
+    # Ingest again: it reads the new files and is fresh (the observation already carried them).
+    # One outage less changed outages_raw only: each table's data version is its own content
+    # hash, so the tables reading outages_raw (outages_enriched) are stale, naming it, and no
+    # table is stale for weather_raw or the reference tables, which came out the same.
     n = len(_observations(instance, KEY))
     _run_ingest(defs, instance, KEY)
     assert len(_observations(instance, KEY)) == n
     ui = _ui(instance, KEY)
-    assert ui[INGEST.asset] == ("FRESH", [])
-    assert ui[PHASE_KEYS[1].to_user_string()] == ("STALE", [(INGEST.asset, KEY, "has a new data version")])
+    assert {t: ui[t.to_user_string()] for t in INGEST_KEYS} == {t: ("FRESH", []) for t in INGEST_KEYS}
+    assert ui["outages_enriched"] == ("STALE", [("outages_raw", KEY, "has a new data version")])
+    assert _direct_causes(instance, dg.AssetKey("outages_enriched"), KEY) == [
+        (OUTAGES_RAW, KEY, "has a new dependency data version")]
+    assert {name for name, (status, _) in ui.items() if status != "FRESH"} == {"outages_enriched"}
 
 
 def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env: dict[str, str],
@@ -201,18 +217,23 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
     _run_ingest(defs, instance, KEY)
     _change_outages(KEY)  # not observed: no sensor, no observe job
     result = defs.resolve_job_def("storm_job").execute_in_process(
-        asset_selection=[INGEST_KEY], instance=instance,
+        asset_selection=INGEST_KEYS, instance=instance,
         tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
     assert result.success
     logged = [e.event_specific_data.asset_observation for e in result.all_events
               if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
     assert sorted((o.partition, o.tags[DATA_VERSION_TAG]) for o in logged) == sorted((k, _version(k)) for k in keys)
     for key in keys:
-        assert _status(instance, key)[INGEST.asset] == "FRESH", key
-    # Each partition's materialization of the range carries its own outcome.
-    mats = {m.partition: m.metadata for m in (e.step_materialization_data.materialization
-                                              for e in result.all_events if e.is_step_materialization)}
-    assert set(mats) == set(keys)
+        assert _ingest_status(instance, key) == "FRESH", key
+    # Each partition's materialization of each table of the range carries its own outcome.
+    all_mats = [e.step_materialization_data.materialization for e in result.all_events if e.is_step_materialization]
+    assert sorted((m.asset_key.to_user_string(), m.partition) for m in all_mats) == sorted(
+        (t, k) for t in INGEST.tables for k in keys)
+    mats = {m.partition: m.metadata for m in all_mats if m.asset_key == OUTAGES_RAW}
+    for m in all_mats:  # the table's own rows and version, the phase's outcome
+        meta = m.metadata
+        assert meta["dagster/partition_row_count"].value == meta["row_counts"].value[m.asset_key.path[-1]]
+        assert meta["state_hash"] == mats[m.partition]["state_hash"]
     assert mats[KEY]["status"].value == "COMPLETED" and mats[OTHER]["status"].value == "COMPLETED"
     assert mats[KEY]["attempt"].value == 1 and mats[KEY]["seq"].value != mats[OTHER]["seq"].value
     assert mats[KEY]["state_hash"].value != mats[OTHER]["state_hash"].value
@@ -221,7 +242,7 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
     assert counts == {KEY: 2, OTHER: 1}
     assert defs.resolve_job_def("observe_landing").execute_in_process(instance=instance).success
     assert {k: len(_observations(instance, k)) for k in keys} == counts
-    assert all(_status(instance, k)[INGEST.asset] == "FRESH" for k in keys)
+    assert all(_ingest_status(instance, k) == "FRESH" for k in keys)
 
 
 def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], instance) -> None:
@@ -248,7 +269,7 @@ def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], i
     defs = _defs()
     _run_ingest(defs, instance, KEY)  # its files were observed by the tick: nothing more logged
     assert len(_observations(instance, KEY)) == 1
-    assert _status(instance, KEY)[INGEST.asset] == "FRESH"
+    assert _ingest_status(instance, KEY) == "FRESH"
 
     second = tick(first.cursor)  # nothing changed
     assert observed(second) == {} and second.run_requests == []
@@ -256,12 +277,12 @@ def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], i
     _touch(KEY)  # stat fingerprint changes, content does not: same data version, no observation
     third = tick(second.cursor)
     assert observed(third) == {}
-    assert _status(instance, KEY)[INGEST.asset] == "FRESH"
+    assert _ingest_status(instance, KEY) == "FRESH"
 
     _change_outages(KEY)
     fourth = tick(third.cursor)
     assert observed(fourth) == {KEY: _version(KEY)}
     assert [r.partition_key for r in fourth.run_requests] == [KEY]
     # Stale in the UI as soon as the tick's observation is stored, before the requested run.
-    assert _status(instance, KEY)[INGEST.asset] == "STALE"
-    assert _status(instance, OTHER)[INGEST.asset] == "MISSING"
+    assert _ingest_status(instance, KEY) == "STALE"
+    assert _ingest_status(instance, OTHER) == "MISSING"

@@ -20,8 +20,8 @@ import pytest
 from pandas.testing import assert_frame_equal
 from psycopg import sql
 
-from assets.phases import PHASES
-from assets.schemas import TABLES
+from assets.phases import CORRELATE, INGEST, PHASES, table_keys
+from assets.schemas import TABLES, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
 from tests.helpers import KEY, lake, materialize, read_table, step_outcomes, table_versions
@@ -171,7 +171,7 @@ def test_all_phases_complete_with_ledger_lake_and_deliveries(sl_env: dict[str, s
 
     # Grader checks reported to Dagster and passed.
     evals = result.get_asset_check_evaluations()
-    assert {e.asset_key.to_user_string() for e in evals if e.check_name == "grader"} == set(ASSETS)
+    assert {e.asset_key.to_user_string() for e in evals if e.check_name == "grader"} == {p.tables[0] for p in PHASES}
     assert all(e.passed for e in evals)
 
     # Lake: the checkpoint's pinned versions are the tables' versions (one partition written).
@@ -243,6 +243,53 @@ def test_rerun_of_a_completed_partition_skips_everything(sl_env: dict[str, str],
     skipped = ledger.query("SELECT phase FROM checkpoint_events WHERE status = 'SKIPPED' AND partition_key = %s",
                            (KEY,))
     assert sorted(r["phase"] for r in skipped) == sorted(p.name for p in PHASES)
+
+
+# ---- one asset per table, with the standard table metadata -----------------------------------
+def _materializations(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetMaterialization]:
+    return {m.asset_key.to_user_string(): m for m in (e.step_materialization_data.materialization
+                                                      for e in result.get_asset_materialization_events())}
+
+
+def test_every_table_is_materialized_with_its_rows_schema_uri_version_and_hash(sl_env: dict[str, str],
+                                                                               ledger: Ledger) -> None:
+    from assets.landing_files import DATA_VERSION_TAG
+
+    other = "2026-09-01|pine_belt"
+    assert_completed_all(materialize(KEY))
+    result = materialize(other)
+    assert_completed_all(result)
+    mats = _materializations(result)
+    assert set(mats) == set(TABLES)  # one materialization per table, none for a phase as a whole
+    root = lake_root(sl_env)
+    heads = heads_by_phase(ledger, other)
+    for table, mat in mats.items():
+        owner, _ = TABLES[table]
+        cp = heads[owner]
+        meta = {k: v.value for k, v in mat.metadata.items()}
+        here, there = len(read_table(root, table, other)), len(read_table(root, table, KEY))
+        assert meta["dagster/partition_row_count"] == here == cp.summary["rows"][table], table
+        # The whole table at the version written: this partition and the one written before.
+        assert meta["dagster/row_count"] == here + there, table
+        assert mat.metadata["dagster/column_schema"].schema == table_schema(table)
+        assert [c.name for c in table_schema(table).columns] == TABLES[table][1].names
+        assert meta["dagster/table_name"] == table
+        assert meta["dagster/uri"] == (Path(root) / table).resolve().as_uri()
+        assert meta["delta_version"] == cp.summary["delta_versions"][table] == table_versions(root)[table]
+        # The phase's outcome is on each of its tables; the data version is the table's own content hash.
+        assert (meta["status"], meta["seq"], meta["input_hash"], meta["state_hash"]) == (
+            "COMPLETED", cp.seq, cp.input_hash, cp.state_hash), table
+        assert meta["table_hash"] == cp.summary["table_hashes"][table] == mat.tags[DATA_VERSION_TAG], table
+    # Tables of one phase have data versions of their own.
+    assert len({mats[t].tags[DATA_VERSION_TAG] for t in ("outages_raw", "weather_raw", "quarantine")}) == 3
+
+    # A re-run skips: the same tables, rows and data versions, from the checkpoint.
+    again = _materializations(materialize(other))
+    for table, mat in again.items():
+        assert mat.metadata["status"].value == "SKIPPED"
+        for key in ("dagster/partition_row_count", "dagster/row_count", "delta_version", "table_hash"):
+            assert mat.metadata[key] == mats[table].metadata[key], (table, key)
+        assert mat.tags[DATA_VERSION_TAG] == mats[table].tags[DATA_VERSION_TAG]
 
 
 # ---- resume after a failure ----------------------------------------------------------------
@@ -426,7 +473,7 @@ def test_malformed_rows_are_quarantined_with_line_field_and_reason(sl_env: dict[
     lines = append_lines(path, [c[1] for c in cases])
     n = data_rows(path)
 
-    result = materialize(KEY, selection=["ingested_batch"])
+    result = materialize(KEY, selection=table_keys(INGEST))
     assert result.success, failure_descriptions(result)
     assert step_outcomes(result) == {"ingested_batch": "COMPLETED"}
 
@@ -509,7 +556,7 @@ def test_unreadable_file_fails_the_partition_and_writes_nothing(sl_env: dict[str
 
 
 def test_upstream_not_ready_fails_with_a_clear_message(sl_env: dict[str, str], ledger: Ledger) -> None:
-    result = materialize(KEY, selection=["storm_correlation"])
+    result = materialize(KEY, selection=table_keys(CORRELATE))
     assert not result.success
     descs = failure_descriptions(result)
     assert len(descs) == 1, descs

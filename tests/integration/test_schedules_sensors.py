@@ -15,8 +15,7 @@ import psycopg
 import pytest
 
 from assets.partitions import region_ids
-from assets.phases import ENRICH, INGEST, PHASES
-from pipeline.schedules import daily_storm_schedule
+from assets.phases import ENRICH, INGEST, PHASES, table_keys
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
 from resources.dagster_compat import fail_dead_run
 from resources.lake import LakeResource
@@ -27,7 +26,6 @@ from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize
 
 UTC = dt.UTC
-ASSETS = [p.asset for p in PHASES]
 OTHER = "2026-09-01|pine_belt"
 
 
@@ -68,6 +66,13 @@ def _heads(key: str) -> dict[str, object]:
 
 
 # ---- the daily schedule ------------------------------------------------------------------------
+def daily_storm_schedule(ctx: dg.ScheduleEvaluationContext):
+    """The daily schedule as the code location resolves it (its cadence comes from the job's assets)."""
+    from pipeline.definitions import defs
+
+    return defs.resolve_schedule_def("daily_storm_schedule")(ctx)
+
+
 def test_daily_schedule_requests_yesterday_for_every_region() -> None:
     ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 3, 0, tzinfo=UTC))
     requests = daily_storm_schedule(ctx)
@@ -207,7 +212,7 @@ def _completed_event(key: str, phase: str) -> int:
 def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, str], instance) -> None:
     # One partition all the way through (nothing to continue), one stopped after ingest.
     assert materialize(OTHER, instance=instance).success
-    assert materialize(KEY, selection=[INGEST.asset], instance=instance).success
+    assert materialize(KEY, selection=table_keys(INGEST), instance=instance).success
     ingest_event = _completed_event(KEY, "ingest")
 
     first = _outbox_tick(instance, None)
@@ -215,7 +220,10 @@ def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, s
     req = first.run_requests[0]
     assert req.partition_key == KEY
     assert req.run_key == f"outbox:{ingest_event}"
-    assert [k.to_user_string() for k in req.asset_selection] == ASSETS[1:]
+    # Every table of enrich, correlate and present, and their graders.
+    assert req.asset_selection == table_keys(PHASES[1:])
+    assert sorted(k.to_user_string() for k in req.asset_check_keys) == sorted(
+        f"{p.tables[0]}:grader" for p in PHASES[1:])
     cursor = OutboxCursor.parse(first.cursor)
     assert cursor.pending == {}
     assert cursor.after == int(_ledger().query("SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"])
@@ -264,7 +272,7 @@ def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, s
     fail_dead_run(instance, instance.get_run_by_id(run.run_id), "its worker died")
     third = _outbox_tick(instance, second.cursor)
     assert [r.run_key for r in third.run_requests] == [f"outbox:{ingest_event}"]
-    assert [k.to_user_string() for k in third.run_requests[0].asset_selection] == ASSETS[1:]
+    assert third.run_requests[0].asset_selection == table_keys(PHASES[1:])
     assert OutboxCursor.parse(third.cursor).pending == {}
 
 
@@ -286,9 +294,7 @@ def test_outbox_reports_failures_and_reads_in_batches(sl_env: dict[str, str], in
 # ---- a failing grader stops the phases after it -------------------------------------------------
 def _failing_enrich_asset() -> dg.AssetsDefinition:
     from assets import enrich
-    from assets.ingest import ingested_batch
-    from assets.materialize import grader_spec, materialize_phase
-    from assets.partitions import PARTITIONS
+    from assets.materialize import asset_options, materialize_phase
     from assets.runner import Check
 
     def failing_grade(io, out):
@@ -296,8 +302,7 @@ def _failing_enrich_asset() -> dg.AssetsDefinition:
         yield Check("one_row_per_outage", False,
                     f"{out.figures['outages'] + 1} enriched rows for {out.figures['input_outages']} ingested outages")
 
-    @dg.asset(name=ENRICH.asset, partitions_def=PARTITIONS, deps=[ingested_batch], group_name="storm",
-              check_specs=[grader_spec(ENRICH)], backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1))
+    @dg.multi_asset(**asset_options(ENRICH))
     def enriched_outages(context, ledger: LedgerResource, lake: LakeResource,
                          landing: LandingResource, publisher: PublisherResource):
         yield from materialize_phase(context, ENRICH, enrich.compute, failing_grade, ledger=ledger, lake=lake,
@@ -321,9 +326,9 @@ def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, s
     result = _materialize_with_failing_enrich_grader(KEY, instance)
     assert not result.success
 
-    # Dagster: ingest materialized, enrich failed, correlate and present never ran.
+    # Dagster: ingest's tables materialized, enrich failed, correlate and present never ran.
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert materialized == {INGEST.asset}
+    assert materialized == set(INGEST.tables)
     failed_steps = {e.step_key for e in result.all_events if e.is_step_failure}
     assert failed_steps == {ENRICH.asset}
     started = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
@@ -331,8 +336,9 @@ def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, s
 
     # The asset check evaluation is recorded as failed, in the run and in the instance.
     evals = {(e.asset_check_key.asset_key.to_user_string(), e.passed) for e in result.get_asset_check_evaluations()}
-    assert (ENRICH.asset, False) in evals
-    record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(dg.AssetKey(ENRICH.asset), "grader"))
+    assert ("outages_enriched", False) in evals
+    record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(dg.AssetKey("outages_enriched"),
+                                                                                "grader"))
     assert record is not None and record.status.value == "FAILED"
     assert record.evaluation is not None and record.evaluation.passed is False
     assert "one_row_per_outage" in (record.evaluation.description or "")
@@ -378,7 +384,7 @@ def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], ins
     from pipeline.definitions import defs
     from pipeline.instance import pool_keys
 
-    assert {defs.resolve_assets_def(p.asset).op.pool for p in PHASES} == set(pool_keys())
+    assert {defs.resolve_assets_def(p.tables[0]).op.pool for p in PHASES} == set(pool_keys())
     assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
     assert instance.run_coordinator.__class__.__name__ == "QueuedRunCoordinator"
     # Dagster's storage is on the ledger's server, in a database of its own named after the ledger's.
