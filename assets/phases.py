@@ -36,7 +36,7 @@ ENRICH = Phase("enrich", "enriched_outages", 2, "enriched", 1, "1", ("ingest",),
 CORRELATE = Phase("correlate", "storm_correlation", 3, "correlated", 1, "1",
                   ("ingest", "enrich"), ("cell_hour_stats", "cell_risk", "storm_clusters"),
                   ("outages_enriched", "weather_raw", "customers_ref", "terrain_ref"))
-PRESENT = Phase("present", "operational_picture", 4, "published", 1, "1",
+PRESENT = Phase("present", "operational_picture", 4, "published", 1, "2",
                 ("ingest", "enrich", "correlate"), ("region_day_summary",),
                 ("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import h3
 import numpy as np
 import pandas as pd
+from h3.api import numpy_int
 
 from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
 from assets.transforms.enrich import (
@@ -77,16 +78,61 @@ def _universe(enriched: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataF
     return np.array(sorted(set(ref.tolist()) | set(pd.unique(enriched["cell_id"]).tolist())), dtype=object)
 
 
+def disk_members(cells: np.ndarray, k: int, of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``cells`` lie in ``grid_disk(cells[i], k)``, as pairs ``(i, j)`` sorted by ``i``.
+
+    ``of`` (ascending positions in ``cells``) limits the disks taken to those cells; all of
+    ``cells`` are looked for in them. A neighbour matches a cell of ``cells`` when it is spelled
+    as h3 spells it (lower-case hex; the last of repeated cells), as with ``h3.grid_disk(c, k)``
+    and a dict of ``cells``; a cell given in another spelling still has its own disk. The disks
+    are taken as integer arrays and matched by a binary search: ~8x faster than h3's string API.
+    """
+    of = np.arange(len(cells)) if of is None else np.asarray(of, dtype=np.int64)
+    ints = np.fromiter((h3.str_to_int(c) for c in cells), dtype=np.uint64, count=len(cells))
+    disks = [numpy_int.grid_disk(int(ints[i]), k) for i in of]
+    sizes = np.fromiter((len(d) for d in disks), dtype=np.int64, count=len(disks))
+    flat = np.concatenate(disks) if disks else np.zeros(0, dtype=np.uint64)
+    rows = np.repeat(of, sizes)
+    canonical = np.flatnonzero([h3.int_to_str(int(h)) == c for h, c in zip(ints, cells, strict=True)])
+    order = canonical[np.argsort(ints[canonical], kind="stable")]
+    keys = ints[order]
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    # The last of equal keys, as a dict built from ``cells`` would keep it.
+    at = np.maximum(np.searchsorted(keys, flat, side="right") - 1, 0)
+    hit = keys[at] == flat
+    return rows[hit], order[at[hit]]
+
+
+def _row_nanmedian(vals: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(vals, axis=1)`` (NaN for a row without values), without its masked-array path.
+
+    Sorting puts the NaNs last, so the ``n`` values of a row are its first ``n`` sorted entries;
+    the median is the middle one, or the mean of the middle two as numpy takes it.
+    """
+    ordered = np.sort(vals, axis=1)
+    n = np.count_nonzero(~np.isnan(vals), axis=1)
+    rows = np.arange(len(vals))
+    lo, hi = ordered[rows, np.maximum(n - 1, 0) // 2], ordered[rows, n // 2 - (n == 0)]
+    return np.where(n > 0, (lo + hi) / 2.0, np.nan)
+
+
 def anomalous_cells(cells: np.ndarray, outages: np.ndarray) -> np.ndarray:
-    """Boolean mask of cells whose outage count is a local Poisson excess (see the module docstring)."""
-    index = {c: i for i, c in enumerate(cells)}
+    """Boolean mask of cells whose outage count is a local Poisson excess (see the module docstring).
+
+    Only a cell with at least ``MIN_OUTAGES`` outages can be anomalous, so only those cells get
+    a background: on a quiet day that is a handful of disks instead of one per cell of the region.
+    """
     width = 3 * BACKGROUND_K * (BACKGROUND_K + 1) + 1
-    nb = np.full((len(cells), width), -1, dtype=np.int64)
-    for i, c in enumerate(cells):
-        ix = [index[n] for n in h3.grid_disk(c, BACKGROUND_K) if n in index]
-        nb[i, : len(ix)] = ix
-    vals = np.where(nb >= 0, outages[np.maximum(nb, 0)], np.nan)
-    background = np.maximum(np.nanmedian(vals, axis=1), 1.0) if len(cells) else np.zeros(0)
+    candidates = np.flatnonzero(outages >= MIN_OUTAGES)
+    rows, members = disk_members(cells, BACKGROUND_K, candidates)
+    slot = np.searchsorted(candidates, rows)  # the candidate each pair belongs to
+    # Column of each member within its row: its rank among the row's members.
+    first = np.searchsorted(rows, candidates)
+    vals = np.full((len(candidates), width), np.nan)
+    vals[slot, np.arange(len(rows)) - first[slot]] = outages[members]
+    background = np.ones(len(cells))  # (cells that are not candidates fail the first test anyway)
+    background[candidates] = np.maximum(_row_nanmedian(vals), 1.0)
     z = (outages - background) / np.sqrt(background)
     return (outages >= MIN_OUTAGES) & (outages >= MIN_RATIO * background) & (z >= MIN_POISSON_Z)
 
@@ -161,7 +207,7 @@ def correlate_storm(enriched: pd.DataFrame, weather: pd.DataFrame, customers: pd
     comps.sort(key=lambda comp: (-int(outages[[pos[c] for c in comp]].sum()), comp[0]))
     cluster_id = np.full(len(cells), -1, dtype=np.int64)
     rows = []
-    hourly = enriched.groupby(["cell_id", "hour"], sort=True).size()
+    hourly = stats.set_index(["cell_id", "hour"])["outages"]  # outages per (cell, hour), as counted above
     for cid, comp in enumerate(comps, start=1):
         ix = np.array([pos[c] for c in comp])
         cluster_id[ix] = cid

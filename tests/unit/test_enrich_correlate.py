@@ -18,7 +18,14 @@ from assets.schemas import (
     STORM_CLUSTERS,
     WEATHER_RAW,
 )
-from assets.transforms.correlate import anomalous_cells, connected_clusters, correlate_storm
+from assets.transforms.correlate import (
+    BACKGROUND_K,
+    _row_nanmedian,
+    anomalous_cells,
+    connected_clusters,
+    correlate_storm,
+    disk_members,
+)
 from assets.transforms.enrich import empty_frame, enrich_outages
 from pipeline.generate import generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
@@ -265,6 +272,70 @@ def test_cluster_detection_on_a_hand_made_grid() -> None:
     counts[cells == lone] = 60.0  # a single hot cell is not a cluster
     found = connected_clusters(cells, anomalous_cells(cells, counts))
     assert found == [sorted(blob)]
+
+
+# ---- the neighbourhood lookup against h3's string API ----------------------------------------------
+def _string_pairs(cells: np.ndarray, k: int, of: list[int]) -> set[tuple[int, int]]:
+    """(i, j) with cells[j] in h3.grid_disk(cells[i], k), looked up by string (the last of equal keys)."""
+    index = {c: i for i, c in enumerate(cells)}
+    return {(i, index[n]) for i in of for n in h3.grid_disk(cells[i], k) if n in index}
+
+
+def _string_mask(cells: np.ndarray, outages: np.ndarray) -> np.ndarray:
+    """The anomaly rule of the correlate module's docstring, computed cell by cell with h3's string API."""
+    index = {c: i for i, c in enumerate(cells)}
+    out = np.zeros(len(cells), dtype=bool)
+    for i, c in enumerate(cells):
+        local = [outages[index[n]] for n in h3.grid_disk(c, BACKGROUND_K) if n in index]
+        b = max(float(np.median(local)), 1.0)
+        o = outages[i]
+        out[i] = o >= 6 and o >= 3 * b and (o - b) / np.sqrt(b) >= 4
+    return out
+
+
+def _awkward_universe() -> np.ndarray:
+    """Cells around a pentagon (short disks), with holes, an upper-case spelling and a repeated cell."""
+    pentagon = sorted(h3.get_pentagons(7))[0]
+    rng = np.random.default_rng(3)
+    cells = sorted(h3.grid_disk(pentagon, 7))
+    cells = [c for c in cells if c == pentagon or rng.random() > 0.15]
+    return np.array([*cells, cells[5].upper(), cells[9]], dtype=object)
+
+
+def test_disk_members_match_the_string_lookup() -> None:
+    for cells, k in [(_awkward_universe(), BACKGROUND_K), (_awkward_universe(), 1),
+                     (np.array(sorted(h3.grid_disk(_cell(30.5, -89.5), 8)), dtype=object), BACKGROUND_K),
+                     (np.array([], dtype=object), BACKGROUND_K)]:
+        for of in (None, np.arange(0, len(cells), 3)):
+            rows, members = disk_members(cells, k, of)
+            pairs = list(zip(rows.tolist(), members.tolist(), strict=True))
+            assert len(pairs) == len(set(pairs))
+            assert set(pairs) == _string_pairs(cells, k, range(len(cells)) if of is None else of.tolist())
+            assert rows.tolist() == sorted(rows.tolist())
+
+
+def test_anomalous_cells_match_the_rule_cell_by_cell() -> None:
+    rng = np.random.default_rng(11)
+    for cells in (_awkward_universe(), np.array(sorted(h3.grid_disk(_cell(30.5, -89.5), 9)), dtype=object)):
+        for _ in range(3):
+            counts = rng.poisson(rng.uniform(0.2, 5.0), len(cells)).astype(float)
+            hot = rng.choice(len(cells), size=12, replace=False)
+            counts[hot] += rng.integers(5, 60, size=12)  # some stand out, some do not
+            expected = _string_mask(cells, counts)
+            assert expected.any() and not expected.all()
+            assert anomalous_cells(cells, counts).tolist() == expected.tolist()
+
+
+def test_row_median_is_numpys_nanmedian() -> None:
+    rng = np.random.default_rng(5)
+    vals = rng.integers(0, 40, size=(300, 61)).astype(float)
+    vals[rng.random(vals.shape) < rng.random((300, 1))] = np.nan  # rows from full to nearly empty
+    vals[7] = np.nan  # a row without values
+    vals[8, :] = rng.normal(size=61) * 1e3  # non-integers: the mean of the middle two, exactly
+    with pytest.warns(RuntimeWarning):
+        expected = np.nanmedian(vals, axis=1)
+    assert np.array_equal(_row_nanmedian(vals), expected, equal_nan=True)
+    assert _row_nanmedian(np.zeros((0, 61))).shape == (0,)
 
 
 def test_empty_frame_helper_matches_schemas() -> None:

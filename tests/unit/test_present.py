@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
+import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -17,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from PIL import Image
 
 from assets.schemas import (
     CELL_HOUR_STATS,
@@ -27,6 +31,7 @@ from assets.schemas import (
     STORM_CLUSTERS,
 )
 from assets.transforms.present import ARTIFACT_KINDS, render_artifacts, summarize
+from assets.transforms.render import DPI, encode_png, render_hourly_png, render_map_png
 from resources.settings import Region
 
 REPO = Path(__file__).resolve().parents[2]
@@ -684,6 +689,100 @@ def test_rendering_ignores_and_keeps_caller_rcparams(small) -> None:
         _, again = run_all(build_inputs())
         assert dict(mpl.rcParams) == before  # nothing leaks out of the renderer
     assert _digests(again) == _digests(arts)  # and the caller's style does not leak in
+
+
+# ---- pictures -------------------------------------------------------------------------------
+
+
+def _png_chunks(png: bytes) -> list[bytes]:
+    kinds, at = [], 8
+    while at < len(png):
+        (size,) = struct.unpack(">I", png[at : at + 4])
+        kinds.append(png[at + 4 : at + 8])
+        at += 12 + size
+    return kinds
+
+
+def test_png_encoder_round_trips() -> None:
+    rng = np.random.default_rng(2)
+    rgba = rng.integers(0, 256, size=(37, 53, 4), dtype=np.uint8)
+    opaque = rgba.copy()
+    opaque[:, :, 3] = 255
+    for image, mode in ((rgba, "RGBA"), (opaque, "RGB")):
+        png = encode_png(image)
+        assert png == encode_png(image.copy())
+        assert _png_chunks(png) == [b"IHDR", b"pHYs", b"IDAT", b"IEND"]  # no text, no time
+        decoded = Image.open(io.BytesIO(png))
+        assert decoded.mode == mode
+        assert round(decoded.info["dpi"][0]) == DPI
+        assert np.array_equal(np.asarray(decoded), image if mode == "RGBA" else image[:, :, :3])
+    for bad in (rgba[:, :, :3], rgba.astype(np.int16), rgba[:0]):
+        with pytest.raises(ValueError, match="encode_png"):
+            encode_png(bad)
+
+
+def _blank_border_px(png: bytes) -> int:
+    """Width of the blank (white) frame around the ink of a picture."""
+    ink = (np.asarray(Image.open(io.BytesIO(png)).convert("RGB")) < 250).any(axis=2)
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    return int(min(rows[0], cols[0], ink.shape[0] - 1 - rows[-1], ink.shape[1] - 1 - cols[-1]))
+
+
+def test_pictures_are_not_cut_at_the_edges() -> None:
+    """Titles, tick labels and axis labels stay inside the picture for any region shape and count."""
+    tall = Region("tall", "A tall and narrow region with a long name", 40.0, 43.0, -75.0, -74.5)
+    wide = Region("wide", "Wide south-eastern region", -34.2, -33.4, 149.5, 152.5)
+    for region, inputs in ((REGION, build_inputs()), (tall, _empty_inputs()), (wide, _empty_inputs())):
+        # (no cells: the map's extent is the region's box)
+        png = render_map_png(region=region, day=DAY, cell_risk=inputs["cell_risk"], clusters=inputs["clusters"])
+        assert _blank_border_px(png) >= 4, region.region_id
+    many = pd.DataFrame({"hour": np.repeat(np.arange(24), 30), "gust_ms": 30.0})
+    many = many.loc[many.index.repeat(5000)]  # 150,000 outages an hour: six-digit tick labels
+    for enriched in (build_inputs()["enriched"], many):
+        png = render_hourly_png(region=REGION, day=DAY, enriched=enriched, cell_hour=enriched.iloc[0:0])
+        assert _blank_border_px(png) >= 4
+
+
+def test_drawing_pauses_the_garbage_collector_and_restores_it(small) -> None:
+    """No collection runs while a figure is drawn (each would promote the live figure's objects
+    towards the old generation, whose collections scan the whole heap): one young collection after
+    a picture frees it. The collector's state is restored, also when drawing fails."""
+    inputs, _, _ = small
+    collections: list[tuple[int, int]] = []  # (generation, objects freed)
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "stop":
+            collections.append((info["generation"], info["collected"]))
+
+    def draw() -> None:
+        render_map_png(region=REGION, day=DAY, cell_risk=inputs["cell_risk"], clusters=inputs["clusters"])
+        render_hourly_png(region=REGION, day=DAY, enriched=inputs["enriched"], cell_hour=inputs["cell_hour"])
+
+    assert gc.isenabled()
+    draw()  # imports and font caches
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        for _ in range(3):
+            draw()
+        # Drawing with the collector running took ~13 collections per picture, some of them of the
+        # old generations; paused, a young collection after each picture frees its dead figure.
+        assert len(collections) <= 2 * 6, collections
+        assert {gen for gen, _ in collections} == {0}, collections
+        assert sum(freed for _, freed in collections) >= 6 * 1000, collections
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            draw()
+            assert not gc.isenabled()  # a caller's choice is left alone
+        finally:
+            gc.enable()
+        broken = inputs["cell_risk"].assign(risk="not a number")
+        with pytest.raises(ValueError):
+            render_map_png(region=REGION, day=DAY, cell_risk=broken, clusters=inputs["clusters"])
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(count)
 
 
 def test_peak_hour_tie_goes_to_earliest_hour() -> None:
