@@ -719,15 +719,6 @@ class Ledger:
         )
         return {(r[0], r[1]): r[2] for r in rows}
 
-    def query(self, statement: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        """Run a read-only parametrized query (used by status, report and tests)."""
-
-        def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
-            with conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(statement, params).fetchall()  # type: ignore[arg-type]
-
-        return self._run(q, what="read the ledger", single=True)
-
     def record_reader(self, name: str, after_event_id: int) -> None:
         """Record that reader ``name`` has read every checkpoint event up to ``after_event_id``.
 

@@ -7,6 +7,7 @@ import pytest
 
 from resources.errors import FencingError, LedgerError
 from resources.ledger import Ledger
+from tests.ledger_sql import query
 
 KEY = "2026-09-01|gulf_coast"
 ARGS = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="correlate",
@@ -57,4 +58,4 @@ def test_a_receipt_is_never_downgraded(ledger: Ledger) -> None:
     assert rec.status == "PENDING"
     ledger.mark_delivered(rec, {"path": "/x"})
     with pytest.raises(LedgerError):
-        ledger.query("UPDATE receipts SET status = 'PENDING' RETURNING artifact_id")
+        query(ledger, "UPDATE receipts SET status = 'PENDING' RETURNING artifact_id")

@@ -18,6 +18,7 @@ import pytest
 
 from resources.errors import LedgerError
 from resources.ledger import Checkpoint, Ledger, idempotency_key
+from tests.ledger_sql import query
 
 KEY = "2026-09-01|gulf_coast"
 ARGS: dict[str, Any] = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="correlate",
@@ -34,7 +35,7 @@ def _completed(ledger: Ledger, input_hash: str, **overrides: Any) -> Checkpoint:
 
 
 def _columns(ledger: Ledger) -> dict[str, str]:
-    rows = ledger.query(
+    rows = query(ledger, 
         "SELECT column_name, data_type FROM information_schema.columns"
         " WHERE table_schema = current_schema() AND table_name = 'checkpoints' ORDER BY ordinal_position"
     )
@@ -62,7 +63,7 @@ _TAMPER = {
 def _refused(ledger: Ledger, statement: str, params: tuple[Any, ...]) -> LedgerError | None:
     """Run ``statement`` through the ledger; the LedgerError it raised, or None if it went through."""
     try:
-        ledger.query(statement, params)
+        query(ledger, statement, params)
     except LedgerError as exc:
         return exc
     return None
@@ -78,7 +79,7 @@ def test_every_column_of_a_completed_checkpoint_is_frozen(ledger: Ledger) -> Non
             "superseded_at"} <= set(columns)
     untyped = {c: t for c, t in columns.items() if t not in _TAMPER}
     assert not untyped, f"no tamper expression for the type of {untyped}: add one to _TAMPER"
-    before = ledger.query("SELECT * FROM checkpoints WHERE id = %s", (cp.id,))[0]
+    before = query(ledger, "SELECT * FROM checkpoints WHERE id = %s", (cp.id,))[0]
     wrong: dict[str, str] = {}  # column -> what happened instead of the guard's refusal
     for column, data_type in columns.items():
         if column == "superseded_at":
@@ -94,7 +95,7 @@ def test_every_column_of_a_completed_checkpoint_is_frozen(ledger: Ledger) -> Non
         elif "is COMPLETED and cannot be changed" not in str(exc) or column not in str(exc):
             wrong[column] = f"refused without naming the column: {exc}"
     assert not wrong, f"UPDATEs of a COMPLETED checkpoint not refused by its guard: {wrong}"
-    assert ledger.query("SELECT * FROM checkpoints WHERE id = %s", (cp.id,))[0] == before
+    assert query(ledger, "SELECT * FROM checkpoints WHERE id = %s", (cp.id,))[0] == before
     # Raw SQL outside the ledger meets the same guard.
     with psycopg.connect(ledger.dsn, autocommit=True) as conn, \
             pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="tier"):
@@ -108,7 +109,7 @@ def test_superseded_at_is_set_once_and_the_protocol_supersede_still_passes(ledge
     assert claim is not None and claim.id != old.id
     new = ledger.complete(claim, state_hash="s-h2", summary={}, tier=3, tier_label="correlated", run_id="r")
     assert ledger.head(KEY, "correlate") == new
-    row = ledger.query("SELECT * FROM checkpoints WHERE id = %s", (old.id,))[0]
+    row = query(ledger, "SELECT * FROM checkpoints WHERE id = %s", (old.id,))[0]
     assert row["superseded_at"] is not None
     assert {k: v for k, v in row.items() if k != "superseded_at"} == {
         k: v for k, v in vars(old).items() if k != "superseded_at"}
@@ -120,7 +121,7 @@ def test_superseded_at_is_set_once_and_the_protocol_supersede_still_passes(ledge
         assert type(exc.__cause__) is psycopg.errors.IntegrityConstraintViolation
         assert "superseded_at cannot change" in str(exc)
     # The live head may be marked superseded by hand too, once (what the protocol does).
-    ledger.query("UPDATE checkpoints SET superseded_at = now() WHERE id = %s RETURNING id", (new.id,))
+    query(ledger, "UPDATE checkpoints SET superseded_at = now() WHERE id = %s RETURNING id", (new.id,))
     assert ledger.head(KEY, "correlate") is None
 
 
@@ -142,7 +143,7 @@ def test_pending_and_failed_checkpoints_still_move_through_the_protocol(ledger: 
 ])
 def test_the_key_check_matches_idempotency_key_byte_for_byte(ledger: Ledger, partition_key: str, phase: str,
                                                             input_hash: str) -> None:
-    sql = ledger.query(
+    sql = query(ledger, 
         "SELECT encode(sha256(convert_to(%s || '|' || %s || '|' || %s, 'UTF8')), 'hex') AS k",
         (partition_key, phase, input_hash),
     )[0]["k"]
@@ -169,7 +170,7 @@ def test_the_constraints_reject_a_wrong_key_and_a_duplicate_live_identity(ledger
         assert isinstance(exc.__cause__, psycopg.errors.CheckViolation)
         assert exc.__cause__.diag.constraint_name == "checkpoints_idempotency_key_check"
     right = idempotency_key(KEY, "correlate", "h1")
-    first = ledger.query(*_insert(right))[0]["id"]
+    first = query(ledger, *_insert(right))[0]["id"]
     # A second live row of the same identity: refused. The head index (one live row per
     # partition and phase) would refuse it as well, so it is set aside here, inside a
     # transaction rolled back, to show the identity index refuses it on its own.
@@ -183,8 +184,8 @@ def test_the_constraints_reject_a_wrong_key_and_a_duplicate_live_identity(ledger
         conn.execute("DROP INDEX checkpoints_head")
         conn.execute(*_insert(right, superseded=True))
         conn.rollback()
-    assert len(ledger.query("SELECT 1 FROM pg_indexes WHERE indexname = 'checkpoints_head'")) == 1
-    assert [r["id"] for r in ledger.query("SELECT id FROM checkpoints")] == [first]
+    assert len(query(ledger, "SELECT 1 FROM pg_indexes WHERE indexname = 'checkpoints_head'")) == 1
+    assert [r["id"] for r in query(ledger, "SELECT id FROM checkpoints")] == [first]
 
 
 def test_inputs_going_a_b_a_make_a_second_live_row_under_a_key_used_before(ledger: Ledger) -> None:
@@ -194,7 +195,7 @@ def test_inputs_going_a_b_a_make_a_second_live_row_under_a_key_used_before(ledge
     assert not look.skip and look.head == b  # A's key has no live row: the head is B
     a2 = _completed(ledger, "A")
     assert a2.id not in (a1.id, b.id) and a2.idempotency_key == a1.idempotency_key
-    rows = ledger.query("SELECT id, superseded_at IS NULL AS live FROM checkpoints WHERE idempotency_key = %s"
+    rows = query(ledger, "SELECT id, superseded_at IS NULL AS live FROM checkpoints WHERE idempotency_key = %s"
                         " ORDER BY id", (a1.idempotency_key,))
     assert [(r["id"], r["live"]) for r in rows] == [(a1.id, False), (a2.id, True)]
     # The skip decision finds the live row by the key, with the lease and without.

@@ -25,6 +25,7 @@ from assets.schemas import TABLES, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
 from tests.helpers import KEY, lake, materialize, read_table, step_outcomes, table_versions
+from tests.ledger_sql import query
 
 DAY, REGION = KEY.split("|")
 ALL_KEYS = [f"{d}|{r}" for d in ("2026-09-01", "2026-09-02") for r in ("gulf_coast", "pine_belt")]
@@ -240,7 +241,7 @@ def test_rerun_of_a_completed_partition_skips_everything(sl_env: dict[str, str],
     assert published_state(sl_env) == files
     assert ledger.attempt_counts() == attempts
     assert {cp.phase: (cp.id, cp.seq, cp.input_hash, cp.state_hash) for cp in ledger.heads([KEY])} == heads
-    skipped = ledger.query("SELECT phase FROM checkpoint_events WHERE status = 'SKIPPED' AND partition_key = %s",
+    skipped = query(ledger, "SELECT phase FROM checkpoint_events WHERE status = 'SKIPPED' AND partition_key = %s",
                            (KEY,))
     assert sorted(r["phase"] for r in skipped) == sorted(p.name for p in PHASES)
 

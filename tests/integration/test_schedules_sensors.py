@@ -24,6 +24,7 @@ from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
 from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize
+from tests.ledger_sql import query
 
 UTC = dt.UTC
 OTHER = "2026-09-01|pine_belt"
@@ -203,7 +204,7 @@ def _outbox_tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorR
 
 
 def _completed_event(key: str, phase: str) -> int:
-    rows = _ledger().query(
+    rows = query(_ledger(), 
         "SELECT max(event_id) AS id FROM checkpoint_events WHERE partition_key = %s AND phase = %s"
         " AND status = 'COMPLETED'", (key, phase))
     return int(rows[0]["id"])
@@ -226,7 +227,7 @@ def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, s
         f"{p.tables[0]}:grader" for p in PHASES[1:])
     cursor = OutboxCursor.parse(first.cursor)
     assert cursor.pending == {}
-    assert cursor.after == int(_ledger().query("SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"])
+    assert cursor.after == int(query(_ledger(), "SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"])
 
     # No new events: nothing again (the run key would also stop a duplicate).
     assert _outbox_tick(instance, first.cursor).run_requests == []
@@ -350,7 +351,7 @@ def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, s
     assert heads["enrich"].error_class == "GraderError"
     assert "one_row_per_outage" in heads["enrich"].error_message
     assert "correlate" not in heads and "present" not in heads
-    completed = _ledger().query(
+    completed = query(_ledger(), 
         "SELECT count(*) AS n FROM checkpoints WHERE partition_key = %s AND phase <> 'ingest' AND status = 'COMPLETED'",
         (KEY,))
     assert completed[0]["n"] == 0
@@ -388,12 +389,12 @@ def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], ins
     assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
     assert instance.run_coordinator.__class__.__name__ == "QueuedRunCoordinator"
     # Dagster's storage is on the ledger's server, in a database of its own named after the ledger's.
-    query = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-    ledger_tables = {r["table_name"] for r in _ledger().query(query)}
+    tables_sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    ledger_tables = {r["table_name"] for r in query(_ledger(), tables_sql)}
     assert {"checkpoints", "checkpoint_events", "receipts", "recorded_calls"} <= ledger_tables
     assert "runs" not in ledger_tables
     dagster_dsn = with_database(sl_env["STORMLAKE_PG_DSN"],
                                 psycopg.conninfo.conninfo_to_dict(sl_env["STORMLAKE_PG_DSN"])["dbname"] + "_dagster")
     with psycopg.connect(dagster_dsn) as conn:
-        dagster_tables = {r[0] for r in conn.execute(query)}
+        dagster_tables = {r[0] for r in conn.execute(tables_sql)}
     assert {"runs", "event_logs", "concurrency_limits"} <= dagster_tables

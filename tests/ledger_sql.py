@@ -1,0 +1,22 @@
+"""Hand-written SQL on a test's ledger, through the ledger's own connection pool and error mapping
+(a guard's refusal arrives as ``LedgerError``, as it would for the pipeline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from resources.ledger import Ledger
+
+
+def query(ledger: Ledger, statement: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+    """Run one statement on its own (autocommit) and return its rows as dicts."""
+
+    def run(conn: psycopg.Connection) -> list[dict[str, Any]]:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(statement, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    return ledger.read(run, what="run a test statement")
