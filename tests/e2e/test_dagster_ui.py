@@ -250,7 +250,7 @@ def _ledger_counts() -> dict[str, Any]:
     led = get_ledger(os.environ["STORMLAKE_PG_DSN"])
     receipts = query(led, "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'DELIVERED') AS d FROM receipts")[0]
     attempts = {f"{k[0]}/{k[1]}": v for k, v in sorted(led.attempt_counts().items())}
-    seqs = {f"{r['partition_key']}/{r['phase']}": r["seq"] for r in query(led, 
+    seqs = {f"{r['partition_key']}/{r['phase']}": r["seq"] for r in query(led,
         "SELECT partition_key, phase, seq FROM checkpoints WHERE superseded_at IS NULL")}
     return {"receipts": receipts["n"], "delivered": receipts["d"], "attempts": attempts, "seqs": seqs}
 
@@ -259,7 +259,7 @@ def _events_of(keys: list[str]) -> list[dict[str, Any]]:
     """The ledger's events of these partitions (for failure messages)."""
     from resources.ledger import get_ledger
 
-    return query(get_ledger(os.environ["STORMLAKE_PG_DSN"]), 
+    return query(get_ledger(os.environ["STORMLAKE_PG_DSN"]),
         "SELECT event_id, partition_key, phase, status, input_hash, seq, attempt, run_id, detail, at"
         " FROM checkpoint_events WHERE partition_key = ANY(%s) ORDER BY event_id", (keys,))
 
@@ -360,7 +360,7 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
 
     cursor = OutboxCursor.parse(state["typeSpecificData"]["lastCursor"])
     assert cursor.pending == {}
-    assert 0 < cursor.after <= query(get_ledger(os.environ["STORMLAKE_PG_DSN"]), 
+    assert 0 < cursor.after <= query(get_ledger(os.environ["STORMLAKE_PG_DSN"]),
         "SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"]
     # The ledger saw the sensor's look (a preflight skip per phase) but no work.
     after = _ledger_counts()
