@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg
 
 from resources import dagster_compat
-from resources.pgserver import resolve_dsns
+from resources.pgserver import hold_advisory_lock, resolve_dsns
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
@@ -194,7 +194,7 @@ def ensure_pools(dagster_dsn: str) -> None:
         return  # unreachable: the command that needs the instance reports it
     with conn:
         # One process at a time: the others wait here, then find the rows made.
-        conn.execute("SELECT pg_advisory_lock(%s)", (_POOLS_LOCK,))
+        hold_advisory_lock(conn, _POOLS_LOCK)
         have = dagster_compat.pool_keys_with_limits(conn, keys)  # none on a fresh instance
         missing = [k for k in keys if k not in have]
         if not missing:

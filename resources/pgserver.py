@@ -340,6 +340,11 @@ def ensure_database(admin_dsn: str, name: str) -> None:
         raise LedgerUnavailable(f"ledger server unreachable: {exc.__class__.__name__}") from exc
 
 
+def hold_advisory_lock(conn: psycopg.Connection, key: int) -> None:
+    """Wait for the session advisory lock ``key`` on ``conn``; it is held until ``conn`` closes."""
+    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+
+
 def create_database(admin_dsn: str, name: str) -> None:
     """Create database ``name`` on the server of ``admin_dsn`` (it must not exist yet)."""
     with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
