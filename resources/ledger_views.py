@@ -101,12 +101,10 @@ class PhaseDurations:
 
 
 @dataclass(frozen=True)
-class RegionCounts:
+class RegionCounts(StatusSummary):
+    """The summary of one region's partitions."""
+
     region: str
-    partitions: int
-    by_tier: dict[int, int]
-    with_failure: int
-    with_pending: int
 
 
 @dataclass(frozen=True)

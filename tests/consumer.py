@@ -21,7 +21,9 @@ with a clean run's, and the consumer-side invariants of contract section 6.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -693,3 +695,24 @@ def check_one_line_error(stderr: str, *, must_mention: tuple[str, ...] = (), max
         for word in must_mention:
             assert word.lower() in line.lower(), f"the error line does not mention {word!r}: {line}"
     return errors[0]
+
+
+# ---- landing data ------------------------------------------------------------------------------
+def add_outages(landing: Path, region: str, day: str, *, tag: str = "late", n: int = 2) -> None:
+    """Append ``n`` valid outage rows to the partition's outages.csv: new inputs for it."""
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    box = {r.region_id: r for r in load_regions(DEFAULT_REGIONS_FILE)}[region]
+    path = landing / region / day / "outages.csv"
+    text = path.read_text(encoding="utf-8")
+    header = next(csv.reader(io.StringIO(text)))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+    for i in range(n):
+        writer.writerow({
+            "event_id": f"{tag}-{i:04d}", "region_id": region, "reported_at": f"{day}T2{i}:15:00+00:00",
+            "lat": f"{(box.min_lat + box.max_lat) / 2 + 0.01 * i:.5f}",
+            "lon": f"{(box.min_lon + box.max_lon) / 2 - 0.01 * i:.5f}",
+            "customers_out": str(40 + i), "cause": "vegetation", "restored_at": "",
+        })
+    path.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue(), encoding="utf-8")

@@ -3,8 +3,6 @@ bump recomputes that phase and the ones after it, and reverting it restores the 
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ from tests.consumer import (
     KINDS,
     PHASE_NAMES,
     Consumer,
+    add_outages,
     check_consumer,
     check_headers,
     check_ledger_clean,
@@ -29,30 +28,6 @@ pytestmark = pytest.mark.e2e
 ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
 ARGS = ("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01..2026-09-02")
 LATE = "2026-09-01|gulf_coast"
-
-
-def add_late_outages(landing: Path, region: str, day: str, n: int = 3) -> None:
-    """Append ``n`` valid outage rows (inside the region's box and the day) to the partition's outages.csv."""
-    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
-
-    box = {r.region_id: r for r in load_regions(DEFAULT_REGIONS_FILE)}[region]
-    path = landing / region / day / "outages.csv"
-    text = path.read_text(encoding="utf-8")
-    header = next(csv.reader(io.StringIO(text)))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
-    for i in range(n):
-        writer.writerow({
-            "event_id": f"late-{i:04d}",
-            "region_id": region,
-            "reported_at": f"{day}T2{i}:15:00+00:00",
-            "lat": f"{(box.min_lat + box.max_lat) / 2 + 0.01 * i:.5f}",
-            "lon": f"{(box.min_lon + box.max_lon) / 2 - 0.01 * i:.5f}",
-            "customers_out": str(40 + i),
-            "cause": "vegetation",
-            "restored_at": "",
-        })
-    path.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue(), encoding="utf-8")
 
 
 def completed_events(dsn: str) -> dict[tuple[str, str], int]:
@@ -72,7 +47,7 @@ def test_late_data_recomputes_one_partition_and_supersedes_its_artifacts(pg_dsn:
         n_first = len(consumer.snapshot())
         assert n_first == 12
 
-        add_late_outages(Path(env["STORMLAKE_HOME"]) / "landing", "gulf_coast", "2026-09-01")
+        add_outages(Path(env["STORMLAKE_HOME"]) / "landing", "gulf_coast", "2026-09-01", n=3)
         second = run(env, *ARGS)
         assert second.returncode == 0, str(second)
         after = status(env)
@@ -227,7 +202,7 @@ def test_inputs_going_a_b_a_leave_every_consumer_on_a(pg_dsn: str, sample_landin
         a_ids = check_consumer(consumer.snapshot(), partitions=[LATE])
         a_bytes = {slot: (Path(env["STORMLAKE_HOME"]) / "published" / slot).read_bytes() for slot in a_ids}
 
-        add_late_outages(outages.parents[2], "gulf_coast", "2026-09-01")
+        add_outages(outages.parents[2], "gulf_coast", "2026-09-01", n=3)
         assert run(env, *one).returncode == 0
         n_b = len(consumer.snapshot())
         b_ids = {p.key.split("@")[0]: p.key for p in consumer.snapshot()[len(a_ids):]}

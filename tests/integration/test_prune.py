@@ -10,9 +10,7 @@ and enables it again before committing.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import psycopg
 import pytest
 
 from resources.ledger import Ledger
-from tests.consumer import Consumer, base_env, make_home, run, sql_rows
+from tests.consumer import Consumer, add_outages, base_env, make_home, run, sql_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -44,26 +42,6 @@ def backdate(dsn: str, days: int = 40) -> None:
         conn.execute("ALTER TABLE checkpoints ENABLE TRIGGER checkpoints_guard")
         conn.execute("UPDATE receipts SET created_at = created_at - %s::interval,"
                      " delivered_at = delivered_at - %s::interval", (shift, shift))
-
-
-def add_outages(landing: Path, region: str, day: str, tag: str, n: int = 2) -> None:
-    """Append ``n`` valid outage rows to the partition's outages.csv: new inputs for it."""
-    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
-
-    box = {r.region_id: r for r in load_regions(DEFAULT_REGIONS_FILE)}[region]
-    path = landing / region / day / "outages.csv"
-    text = path.read_text(encoding="utf-8")
-    header = next(csv.reader(io.StringIO(text)))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
-    for i in range(n):
-        writer.writerow({
-            "event_id": f"{tag}-{i:04d}", "region_id": region, "reported_at": f"{day}T2{i}:15:00+00:00",
-            "lat": f"{(box.min_lat + box.max_lat) / 2 + 0.01 * i:.5f}",
-            "lon": f"{(box.min_lon + box.max_lon) / 2 - 0.01 * i:.5f}",
-            "customers_out": str(40 + i), "cause": "vegetation", "restored_at": "",
-        })
-    path.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue(), encoding="utf-8")
 
 
 def outbox_tick(env: dict[str, str], dsn: str, cursor: str | None) -> str:
@@ -172,7 +150,7 @@ def test_prune_removes_superseded_history_but_no_head_no_unread_event_and_no_rec
         # D1's inputs change twice (A -> B -> C): A's and B's checkpoints are superseded; B's
         # events come after the sensor's position.
         for tag in ("b", "c"):
-            add_outages(landing, "gulf_coast", "2026-09-01", tag)
+            add_outages(landing, "gulf_coast", "2026-09-01", tag=tag)
             res = run(env, *ARGS)
             assert res.returncode == 0, str(res)
         backdate(pg_dsn)
