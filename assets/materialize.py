@@ -86,7 +86,7 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
         retry_policy=TRANSIENT_RETRY,
         check_specs=[grader_spec(phase)],
-        pool=f"stormlake_{phase.name}",  # one pool per phase: the writer of its Delta tables
+        pool=phase.pool,
     )
 
 

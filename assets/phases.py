@@ -28,6 +28,11 @@ class Phase:
     tables: tuple[str, ...]  # tables this phase writes
     inputs: tuple[str, ...] = ()  # tables of earlier phases it reads (the only ones PhaseIO lets it read)
 
+    @property
+    def pool(self) -> str:
+        """The Dagster concurrency pool of its op: one a phase, the writer of its Delta tables."""
+        return f"stormlake_{self.name}"
+
 
 INGEST = Phase("ingest", "ingested_batch", 1, "ingested", 1, "1",
                (), ("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"))

@@ -172,7 +172,7 @@ def pool_keys() -> list[str]:
     """The concurrency pools of the phase assets (``pool=`` on each asset)."""
     from assets.phases import PHASES
 
-    return [f"stormlake_{p.name}" for p in PHASES]
+    return [p.pool for p in PHASES]
 
 
 def ensure_pools(dagster_dsn: str) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
+from pipeline.jobs import LAUNCHED_BY
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
 
@@ -25,7 +26,6 @@ ASSET_PHASE = dict(TABLE_PHASE)
 # The CLI prints one line per partition and one per error; Dagster's console log (with its
 # stack traces) stays out of the terminal. Everything is still in the run's event log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-LAUNCHED_BY = "stormlake/launched_by"
 PID_TAG = "stormlake/pid"
 HOST_TAG = "stormlake/host"
 # Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from pipeline.jobs import observe_landing, storm_job
+from pipeline.jobs import LAUNCHED_BY, observe_landing, storm_job
 
 OBSERVE_CRON = "*/15 * * * *"
 DAILY_HOUR_UTC = 3  # 03:00 UTC: late landing files of the previous day have had three hours
-LAUNCHED_BY = "stormlake/launched_by"
 
 daily_storm_schedule = dg.build_schedule_from_partitioned_job(
     storm_job,

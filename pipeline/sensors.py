@@ -48,8 +48,7 @@ import dagster as dg
 from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
-from pipeline.jobs import storm_job
-from pipeline.schedules import LAUNCHED_BY
+from pipeline.jobs import LAUNCHED_BY, storm_job
 from resources.lake import LakeResource
 from resources.landing import Landing, LandingResource
 from resources.ledger import Event, Ledger

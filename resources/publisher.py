@@ -30,7 +30,8 @@ CONTENT_TYPES = {
     "clusters.geojson": "application/geo+json",
     "report.html": "text/html; charset=utf-8",
 }
-KINDS = tuple(CONTENT_TYPES)
+#: The artifacts present delivers, in the order it renders them.
+ARTIFACT_KINDS = tuple(CONTENT_TYPES)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,6 @@ from resources.settings import Region
 TOP_FEEDERS = 10
 #: How many open outages the report's backlog table lists (largest first); the rest are summed.
 BACKLOG_ROWS = 20
-ARTIFACT_KINDS = ("summary.json", "clusters.geojson", "report.html")
 COORD_DECIMALS = 6  # ~0.1 m; plenty for hexagons of ~1.2 km edge, and keeps the file stable
 FIGURE_DECIMALS = 3
 

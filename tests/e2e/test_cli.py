@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from resources.publisher import ARTIFACT_KINDS
+
 pytestmark = pytest.mark.e2e
 
 STORMLAKE = Path(sys.executable).parent / "stormlake"
 PHASE_NAMES = ("ingest", "enrich", "correlate", "present")
 TIER_LABELS = {0: "not_started", 1: "ingested", 2: "enriched", 3: "correlated", 4: "published"}
-KINDS = ("summary.json", "clusters.geojson", "report.html")
 DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 REGION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 HEX_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -100,7 +101,7 @@ def validate_status(doc: Any) -> None:
             assert d["status"] in ("PENDING", "DELIVERED")
             m = re.match(r"^([a-z][a-z0-9_]*)/(\d{4}-\d{2}-\d{2})/([a-z.]+)@([0-9a-f]{16})$", d["artifact_id"])
             assert m, d["artifact_id"]
-            assert (m.group(1), m.group(2)) == (p["region"], p["day"]) and m.group(3) in KINDS
+            assert (m.group(1), m.group(2)) == (p["region"], p["day"]) and m.group(3) in ARTIFACT_KINDS
             assert HEX_RE.match(d["content_hash"]) and d["content_hash"][:16] == m.group(4)
 
 
@@ -130,14 +131,14 @@ def check_demo_twice(env: dict[str, str], home: Path, cwd: Path) -> dict[str, An
         assert p["tier"] == 4 and p["tier_label"] == "published", (key, p["tier"], p["phases"])
         assert set(p["phases"]) == set(PHASE_NAMES)
         assert all(ph["status"] == "COMPLETED" and ph["attempts"] == 1 for ph in p["phases"].values()), key
-        assert sorted(d["artifact_id"].split("/")[2].split("@")[0] for d in p["deliveries"]) == sorted(KINDS)
+        assert sorted(d["artifact_id"].split("/")[2].split("@")[0] for d in p["deliveries"]) == sorted(ARTIFACT_KINDS)
         for d in p["deliveries"]:
             assert d["status"] == "DELIVERED" and d["target"] == "file"
             kind = d["artifact_id"].split("/")[2].split("@")[0]
             data = (home / "published" / key[1] / key[0] / kind).read_bytes()
             assert hashlib.sha256(data).hexdigest() == d["content_hash"], d
     files = published_state(home)
-    assert len(files) == len(parts) * len(KINDS), sorted(files)
+    assert len(files) == len(parts) * len(ARTIFACT_KINDS), sorted(files)
 
     second = stormlake("demo", env=env, cwd=cwd)
     assert second.returncode == 0, stderr_digest(second)

@@ -24,13 +24,13 @@ from assets.phases import CORRELATE, INGEST, PHASES, table_keys
 from assets.schemas import TABLES, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
+from resources.publisher import ARTIFACT_KINDS
 from tests.helpers import KEY, lake, materialize, read_table, step_outcomes, table_versions
 from tests.ledger_sql import query
 
 DAY, REGION = KEY.split("|")
 ALL_KEYS = [f"{d}|{r}" for d in ("2026-09-01", "2026-09-02") for r in ("gulf_coast", "pine_belt")]
 ASSETS = [p.asset for p in PHASES]
-KINDS = ("summary.json", "clusters.geojson", "report.html")
 INGEST_TABLES = [t for t, (owner, _) in TABLES.items() if owner == "ingest"]
 
 
@@ -206,9 +206,9 @@ def test_all_phases_complete_with_ledger_lake_and_deliveries(sl_env: dict[str, s
 
     # Published files and their receipts.
     out_dir = publish_dir(sl_env)
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(KINDS), "stray or missing files (temp names?)"
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(ARTIFACT_KINDS), "stray or missing files (temp names?)"
     receipts = ledger.receipts(partition_key=KEY)
-    assert sorted(r.kind for r in receipts) == sorted(KINDS)
+    assert sorted(r.kind for r in receipts) == sorted(ARTIFACT_KINDS)
     for r in receipts:
         data = (out_dir / r.kind).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
@@ -344,7 +344,7 @@ def test_resume_after_injected_fault_equals_clean_run(sl_env: dict[str, str], le
         assert len(want) > 0 or table == "quarantine", table
         assert_frame_equal(got, want, obj=table)
     # Same content, same artifacts.
-    for kind in KINDS:
+    for kind in ARTIFACT_KINDS:
         assert (publish_dir(sl_env) / kind).read_bytes() == (clean_home / "published" / REGION / DAY / kind).read_bytes()
 
 
@@ -403,7 +403,7 @@ def test_changed_landing_file_recomputes_only_its_partition(sl_env: dict[str, st
         assert r.supersedes == old_ids[r.kind], r.kind
         data = (publish_dir(sl_env) / r.kind).read_bytes()
         assert r.artifact_id == f"{REGION}/{DAY}/{r.kind}@{hashlib.sha256(data).hexdigest()[:16]}"
-    assert len(added) <= len(KINDS)
+    assert len(added) <= len(ARTIFACT_KINDS)
     files_after = published_state(sl_env)
     for rel, state in files_before.items():
         if not rel.startswith(f"{REGION}/{DAY}/"):

@@ -30,8 +30,9 @@ from assets.schemas import (
     REGION_DAY_SUMMARY,
     STORM_CLUSTERS,
 )
-from assets.transforms.present import ARTIFACT_KINDS, render_artifacts, summarize
+from assets.transforms.present import render_artifacts, summarize
 from assets.transforms.render import DPI, encode_png, render_hourly_png, render_map_png
+from resources.publisher import ARTIFACT_KINDS
 from resources.settings import Region
 
 REPO = Path(__file__).resolve().parents[2]
