@@ -183,10 +183,12 @@ class LedgerViews:
     def _limit(flt: StatusFilter) -> sql.Composable:
         return sql.SQL(" LIMIT {}").format(sql.Literal(int(flt.limit))) if flt.limit is not None else sql.SQL("")
 
-    def _rows(self, query: sql.Composable, row: type[T], what: str) -> list[T]:
+    def _rows(self, query: sql.Composable | str, row: type[T], what: str, params: tuple[Any, ...] = ()) -> list[T]:
+        """The rows of one read-only query, as ``row`` dataclasses."""
+
         def q(conn: psycopg.Connection) -> list[T]:
             with conn.cursor(row_factory=class_row(row)) as cur:
-                return cur.execute(query).fetchall()
+                return cur.execute(query, params).fetchall()  # type: ignore[arg-type]
 
         return self.ledger.read(q, what=what)
 
@@ -306,11 +308,7 @@ class LedgerViews:
                  " count(*) FILTER (WHERE status = 'PENDING' AND updated_at < now() - %s) AS stale"
                  " FROM checkpoints WHERE superseded_at IS NULL GROUP BY phase, status")
 
-        def q(conn: psycopg.Connection) -> list[PhaseCount]:
-            with conn.cursor(row_factory=class_row(PhaseCount)) as cur:
-                return cur.execute(query, (stale_after,)).fetchall()
-
-        return self.ledger.read(q, what="count head checkpoints per phase")
+        return self._rows(query, PhaseCount, "count head checkpoints per phase", (stale_after,))
 
     def event_counts(self) -> dict[tuple[str, str], int]:
         """(phase, status) -> number of checkpoint events."""
@@ -335,19 +333,11 @@ class LedgerViews:
             " WHERE e.status IN ('COMPLETED', 'FAILED') GROUP BY e.phase"
         )
 
-        def q(conn: psycopg.Connection) -> list[PhaseDurations]:
-            with conn.cursor(row_factory=class_row(PhaseDurations)) as cur:
-                return cur.execute(query).fetchall()
-
-        return {d.phase: d for d in self.ledger.read(q, what="measure phase durations")}
+        return {d.phase: d for d in self._rows(query, PhaseDurations, "measure phase durations")}
 
     def recent_events(self, limit: int) -> list[EventRow]:
-        def q(conn: psycopg.Connection) -> list[EventRow]:
-            with conn.cursor(row_factory=class_row(EventRow)) as cur:
-                return cur.execute("SELECT event_id, partition_key, phase, status, run_id, at FROM checkpoint_events"
-                                   " ORDER BY event_id DESC LIMIT %s", (limit,)).fetchall()
-
-        return self.ledger.read(q, what="read recent checkpoint events")
+        return self._rows("SELECT event_id, partition_key, phase, status, run_id, at FROM checkpoint_events"
+                          " ORDER BY event_id DESC LIMIT %s", EventRow, "read recent checkpoint events", (limit,))
 
     def last_event_id(self) -> int:
         """The id of the newest checkpoint event (0 when there is none)."""
@@ -390,21 +380,12 @@ class LedgerViews:
             " FROM receipts GROUP BY target, kind ORDER BY target, kind"
         )
 
-        def q(conn: psycopg.Connection) -> list[ReceiptCounts]:
-            with conn.cursor(row_factory=class_row(ReceiptCounts)) as cur:
-                return cur.execute(query).fetchall()
-
-        return self.ledger.read(q, what="count receipts")
+        return self._rows(query, ReceiptCounts, "count receipts")
 
     def latest_receipts(self, limit: int) -> list[ReceiptRow]:
-        def q(conn: psycopg.Connection) -> list[ReceiptRow]:
-            with conn.cursor(row_factory=class_row(ReceiptRow)) as cur:
-                return cur.execute(
-                    "SELECT artifact_id, idempotency_key, target, status, supersedes, attempts, last_error,"
-                    " created_at, delivered_at FROM receipts ORDER BY receipt_id DESC LIMIT %s", (limit,)
-                ).fetchall()
-
-        return self.ledger.read(q, what="read the latest receipts")
+        return self._rows("SELECT artifact_id, idempotency_key, target, status, supersedes, attempts, last_error,"
+                          " created_at, delivered_at FROM receipts ORDER BY receipt_id DESC LIMIT %s",
+                          ReceiptRow, "read the latest receipts", (limit,))
 
     def last_delivery_at(self) -> dt.datetime | None:
         return self.ledger.read(
