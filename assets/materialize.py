@@ -13,16 +13,11 @@ description.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
 from assets.partitions import split_key
 from assets.phases import Phase
@@ -159,46 +154,17 @@ def table_version(outcome: Outcome, table: str) -> str:
     return outcome.table_hashes.get(table) or outcome.state_hash
 
 
-class TableRows:
-    """Total rows of a Delta table at a version (``dagster/row_count``), from the Delta log.
-
-    Every data file's record count is in its add action (written with the file's statistics), so
-    no data is read. One handle per table and process, moved from version to version: the next
-    version costs the few log entries between them, not a replay of the whole log.
-    """
-
-    _handles: dict[str, DeltaTable] = {}
-    _lock = threading.Lock()
-
-    @classmethod
-    def at(cls, uri: str, version: int) -> int | None:
-        """The table's row count at ``version``; None when the log does not tell (or is unreadable)."""
-        with cls._lock:
-            try:
-                dt = cls._handles.get(uri)
-                if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
-                    dt = cls._handles[uri] = DeltaTable(uri, version=version)
-                elif dt.version() < version:
-                    dt.load_as_version(version)
-                counts = pa.table(dt.get_add_actions(flatten=True)).column("num_records")
-            except (DeltaError, OSError, KeyError, ValueError):
-                cls._handles.pop(uri, None)
-                return None
-        if counts.null_count:
-            return None  # a file written without statistics: the count would be short
-        return int(pc.sum(counts).as_py() or 0)
-
-
 def table_uri(lake: Lake, table: str) -> str:
     """The table's URI (``dagster/uri``): a ``file://`` URI for a local lake, else the lake's own."""
     uri = lake.uri(table)
     return uri if "://" in uri else Path(uri).resolve().as_uri()
 
 
-def table_metadata(outcome: Outcome, table: str, lake: Lake) -> dict[str, Any]:
+def table_metadata(outcome: Outcome, table: str, lake: Lake, phase_meta: dict[str, Any]) -> dict[str, Any]:
     """One table's materialization metadata for one partition: the standard table entries
     (row counts, column schema, name, URI) and its Delta version and content hash, then the
-    phase's outcome (:func:`outcome_metadata`)."""
+    phase's outcome (``phase_meta``, :func:`outcome_metadata` of the partition, made once for
+    all its tables)."""
     summary = outcome.checkpoint.summary or {}
     version = summary.get("delta_versions", {}).get(table)
     meta: dict[str, Any] = {
@@ -210,12 +176,12 @@ def table_metadata(outcome: Outcome, table: str, lake: Lake) -> dict[str, Any]:
     if rows is not None:
         meta["dagster/partition_row_count"] = dg.MetadataValue.int(int(rows))
     if version is not None:
-        total = TableRows.at(lake.uri(table), int(version))
+        total = lake.row_count(table, int(version))
         if total is not None:
             meta["dagster/row_count"] = dg.MetadataValue.int(total)
         meta["delta_version"] = dg.MetadataValue.int(int(version))
     meta["table_hash"] = table_version(outcome, table)
-    meta.update(outcome_metadata(outcome))
+    meta.update(phase_meta)
     return meta
 
 
@@ -259,18 +225,20 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
     assert runner is not None
     if len(outcomes) == 1:
         outcome = outcomes[0]
+        phase_meta = outcome_metadata(outcome)
         for table in phase.tables:
-            yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, runner.lake),
+            yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, runner.lake, phase_meta),
                                        data_version=dg.DataVersion(table_version(outcome, table)))
     else:
         # A key range: each partition's materialization of each table carries its own outcome
         # (status, hashes, versions, rows, deliveries). Dagster takes one data version per asset
         # and step, so a range's partitions get Dagster's own (code and input versions); the
         # table's content hash is in the metadata.
+        phase_metas = [outcome_metadata(o) for o in outcomes]
         for table in phase.tables:
-            for key, outcome in zip(keys, outcomes, strict=True):
-                context.add_asset_metadata(table_metadata(outcome, table, runner.lake), asset_key=table,
-                                           partition_key=key)
+            for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True):
+                context.add_asset_metadata(table_metadata(outcome, table, runner.lake, phase_meta),
+                                           asset_key=table, partition_key=key)
             yield dg.MaterializeResult(asset_key=table, metadata={
                 "partitions": len(outcomes),
                 "completed": sum(o.status == "COMPLETED" for o in outcomes),

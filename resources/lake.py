@@ -22,6 +22,7 @@ from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -95,6 +96,8 @@ class Lake:
         self.root = root
         self.schemas = schemas
         self.partition_by = partition_by
+        # One log handle per table for row_count, moved from version to version.
+        self._count_handles: dict[str, DeltaTable] = {}
 
     def uri(self, table: str) -> str:
         return self.root.rstrip("/") + "/" + table
@@ -256,6 +259,28 @@ class Lake:
                     _remember((self.uri(table), region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
+
+    def row_count(self, table: str, version: int) -> int | None:
+        """Total rows of ``table`` at ``version``, from the Delta log; None when the log does not tell.
+
+        Every data file's record count is in its add action (written with the file's statistics),
+        so no data is read. The handle is kept and moved forward, so the next version of a range
+        step costs the few log entries between them, not a replay of the whole log.
+        """
+        uri = self.uri(table)
+        try:
+            dt = self._count_handles.get(uri)
+            if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
+                dt = self._count_handles[uri] = DeltaTable(uri, version=version)
+            elif dt.version() < version:
+                dt.load_as_version(version)
+            counts = pa.table(dt.get_add_actions(flatten=True)).column("num_records")
+        except (DeltaError, OSError, KeyError, ValueError):
+            self._count_handles.pop(uri, None)
+            return None
+        if counts.null_count:
+            return None  # a file written without statistics: the count would be short
+        return int(pc.sum(counts).as_py() or 0)
 
     def latest_version(self, table: str) -> int | None:
         uri = self.uri(table)

@@ -90,3 +90,20 @@ def sl_env(tmp_path: Path, pg_dsn: str, sample_landing: Path, monkeypatch: pytes
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+@pytest.fixture
+def dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh database for Dagster's storage, with a DAGSTER_HOME whose dagster.yaml points at it."""
+    from pipeline.instance import dagster_yaml, sqlalchemy_url
+    from resources.pgserver import create_database, drop_database
+
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
+    create_database(pg_admin_dsn, name)
+    dsn = with_database(pg_admin_dsn, name)
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    yield dsn
+    drop_database(pg_admin_dsn, name)

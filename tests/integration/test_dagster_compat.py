@@ -83,26 +83,14 @@ def test_the_private_symbols_are_still_there(module: str, path: str, params: tup
 
 
 @pytest.fixture
-def instance(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
+def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
     """An instance on a fresh database, as ``stormlake`` writes it (``dagster.yaml`` on PostgreSQL)."""
-    from pipeline.instance import dagster_yaml, ensure_pools, sqlalchemy_url
+    from pipeline.instance import ensure_pools
 
-    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_database(pg_admin_dsn, name)
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("STORMLAKE_TEST_DAGSTER_DSN", dsn)
-    ensure_pools(dsn)
-    try:
-        with dg.DagsterInstance.get() as inst:
-            yield inst
-    finally:
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    monkeypatch.setenv("STORMLAKE_TEST_DAGSTER_DSN", dagster_db)
+    ensure_pools(dagster_db)
+    with dg.DagsterInstance.get() as inst:
+        yield inst
 
 
 def test_the_data_version_tag_is_the_one_dagster_reads() -> None:

@@ -2,34 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
-
-from resources.pgserver import with_database
-
-
-@pytest.fixture
-def dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh database for Dagster's storage, with a DAGSTER_HOME whose dagster.yaml points at it."""
-    from pipeline.instance import dagster_yaml, sqlalchemy_url
-
-    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_database(pg_admin_dsn, name)
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    yield dsn
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _tables(dsn: str) -> set[str]:
