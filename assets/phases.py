@@ -1,7 +1,7 @@
 """The four phases: their order, tiers, schema versions and the tables each writes.
 
-``SCHEMA_VERSION`` is the shape of what a phase writes; bump it whenever a table of that phase
-changes columns or meaning. ``CODE_VERSION`` is the phase's logic; bump it when the same inputs
+A phase's ``schema_version`` is the shape of what it writes; bump it whenever a table of that
+phase changes columns or meaning. Its ``code_version`` is the phase's logic; bump it when the same inputs
 would give different output. Both enter the phase's input hash, so a checkpoint of another
 version is never reused: that phase and the phases after it recompute, earlier ones are reused.
 """

@@ -2,8 +2,8 @@
 
 Every table starts with the partition columns ``region_id`` and ``day`` (``YYYY-MM-DD``
 string) and is partitioned by them (contract section 4). Timestamps are UTC microseconds.
-A change to a table's columns is a schema change: bump the owning phase's
-``SCHEMA_VERSIONS`` entry so that checkpoints of the old shape are not reused.
+A change to a table's columns is a schema change: bump the owning phase's ``schema_version``
+(``assets/phases.py``) so that checkpoints of the old shape are not reused.
 """
 
 from __future__ import annotations

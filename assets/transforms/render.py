@@ -62,14 +62,12 @@ _HOURLY_BOTTOM, _HOURLY_TOP = 0.27, 0.91
 #: Blank pixels between an axis label and the figure's edge (about ``tight_layout``'s padding).
 _EDGE_PX = 12.0
 
-# Settings applied on top of matplotlib's defaults while drawing. The SVG hash salt is fixed so
-# that an SVG export (not used today) would also be reproducible.
+# Settings applied on top of matplotlib's defaults while drawing.
 _RC: dict[str, object] = {
     "font.family": "DejaVu Sans",
     "font.size": 9.0,
     "axes.titlesize": 11.0,
     "axes.labelsize": 9.0,
-    "svg.hashsalt": "stormlake",
     "path.simplify": True,
 }
 
