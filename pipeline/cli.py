@@ -84,7 +84,7 @@ def _reading_ledger(settings: Settings):
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.generate import generate_scenario
+    from pipeline.tools.generate import generate_scenario
 
     regions = load_regions(settings.regions_file)
     if not 1 <= args.regions <= len(regions):
@@ -235,10 +235,10 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.scale:
-        from pipeline.bench_scale import run_scale_bench
+        from pipeline.tools.bench_scale import run_scale_bench
 
         return run_scale_bench(args, settings)
-    from pipeline.bench import run_bench
+    from pipeline.tools.bench import run_bench
 
     return run_bench(args, settings)
 

@@ -1,5 +1,5 @@
 """Bulk writes of the ledger for tools: ``stormlake bench --scale`` clones real partitions over a
-year's grid (see :mod:`pipeline.bench_scale`). Nothing in the pipeline calls this."""
+year's grid (see :mod:`pipeline.tools.bench_scale`). Nothing in the pipeline calls this."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ PHASE_NAMES = ("ingest", "enrich", "correlate", "present")  # assets.phases.PHAS
 
 def generated_landing(root: Path, *, regions: int, rows_per_partition: int, seed: int, days: int = 2) -> Path:
     """A generated scenario in ``root``: the first ``regions`` regions over ``days`` days from 2026-09-01."""
-    from pipeline.generate import generate_scenario
+    from pipeline.tools.generate import generate_scenario
     from resources.settings import DEFAULT_REGIONS_FILE, load_regions
 
     generate_scenario(root, load_regions(DEFAULT_REGIONS_FILE)[:regions], days=days, start="2026-09-01",

@@ -69,7 +69,7 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
 
 
 def test_the_scale_grid_is_a_year_of_fifty_regions_around_the_real_partitions() -> None:
-    from pipeline.bench_scale import DAYS, FAILED_EVERY, PENDING_EVERY, REGIONS, scale_grid
+    from pipeline.tools.bench_scale import DAYS, FAILED_EVERY, PENDING_EVERY, REGIONS, scale_grid
 
     real = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
     grid = scale_grid(["gulf_coast", "pine_belt", "red_hills"], "2026-09-01", real)

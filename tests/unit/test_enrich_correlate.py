@@ -27,7 +27,7 @@ from assets.transforms.correlate import (
     disk_members,
 )
 from assets.transforms.enrich import empty_frame, enrich_outages
-from pipeline.generate import generate_scenario
+from pipeline.tools.generate import generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
 
 DAY = "2026-09-01"

@@ -10,7 +10,7 @@ from pathlib import Path
 import h3
 import pytest
 
-from pipeline.generate import BAD_KINDS, OUTAGE_COLUMNS, WEATHER_COLUMNS, generate_scenario
+from pipeline.tools.generate import BAD_KINDS, OUTAGE_COLUMNS, WEATHER_COLUMNS, generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
 
 ROWS = 4000

@@ -145,8 +145,8 @@ def time_views(env: dict[str, str], root: Path, ledger_dsn: str) -> dict[str, di
 
 def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[str, Any], dict[str, int]]:  # noqa: ANN001
     """The real runs, then the clone: (config figures with the CLI environment under "env", row counts)."""
-    from pipeline.bench import _child_env
-    from pipeline.generate import generate_scenario
+    from pipeline.tools.bench import _child_env
+    from pipeline.tools.generate import generate_scenario
     from resources.settings import load_regions
 
     regions = load_regions(settings.regions_file)
@@ -174,7 +174,7 @@ def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[st
 def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
     import shutil
 
-    from pipeline.bench import Databases
+    from pipeline.tools.bench import Databases
 
     root = settings.home / "bench" / "scale"
     shutil.rmtree(root, ignore_errors=True)

@@ -42,7 +42,7 @@ pipeline, and its target from its pipeline's phase seconds) are listed under ``t
 does) then moves both sides of a ratio together, where fastest-over-fastest could pair a
 sample of a fast minute with one of a slow minute. A failed sample fails the bench.
 
-Every run is its own child process (``python -m pipeline.bench --child STAGE SPEC``), so that
+Every run is its own child process (``python -m pipeline.tools.bench --child STAGE SPEC``), so that
 its peak RSS (``ru_maxrss``) is its own; the child reports through a JSON file (its stdout goes
 to stderr). The timed section of a child starts after its imports and set-up (the Dagster
 instance and the ledger schema exist already) and ends when its last partition is done; rows/s
@@ -209,7 +209,7 @@ def run_child(stage: str, spec: dict[str, Any], env: dict[str, str], workdir: Pa
     out_path = workdir / f"{stage}.result.json"
     out_path.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(dict(spec, stage=stage, out=str(out_path))))
-    cmd = [sys.executable, "-m", "pipeline.bench", "--child", stage, str(spec_path)]
+    cmd = [sys.executable, "-m", "pipeline.tools.bench", "--child", stage, str(spec_path)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=sys.stderr.fileno(), stderr=None, check=False)
     elapsed = time.perf_counter() - t
@@ -408,7 +408,7 @@ def _child_commit(spec: dict[str, Any]) -> dict[str, Any]:
 
     import numpy as np
 
-    from pipeline.bench import _commit_worker  # by its module name, so that spawned workers find it
+    from pipeline.tools.bench import _commit_worker  # by its module name, so that spawned workers find it
 
     ctx = mp.get_context("spawn")
     start = ctx.Event()
@@ -453,12 +453,12 @@ CHILDREN = {"bare": _child_bare, "pipeline": _child_pipeline, "commit": _child_c
 
 
 def child_main(argv: list[str]) -> int:
-    """Entry point of a child: ``python -m pipeline.bench --child STAGE SPEC``."""
+    """Entry point of a child: ``python -m pipeline.tools.bench --child STAGE SPEC``."""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    p = argparse.ArgumentParser(prog="pipeline.bench")
+    p = argparse.ArgumentParser(prog="pipeline.tools.bench")
     p.add_argument("--child", required=True)
     p.add_argument("spec")
     ns = p.parse_args(argv)
@@ -505,7 +505,7 @@ def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path
 
 def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
     """Run the benchmark of the module docstring; print the table or the JSON; 0 when every run succeeded."""
-    from pipeline.generate import generate_scenario
+    from pipeline.tools.generate import generate_scenario
     from resources.errors import ConfigError
     from resources.settings import load_regions
 
