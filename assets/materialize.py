@@ -22,7 +22,7 @@ import dagster as dg
 from assets.partitions import split_key
 from assets.phases import Phase
 from assets.runner import Check, Compute, Grader, Outcome, PartitionRef, PhaseRunner
-from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, TABLES, table_schema
+from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.errors import StormlakeError
 from resources.lake import Lake, LakeResource
 from resources.landing import LandingResource
@@ -108,11 +108,10 @@ def grader_spec(phase: Phase) -> dg.AssetCheckSpec:
 
 def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerResource, lake: LakeResource,
                  landing: LandingResource, publisher: PublisherResource) -> PhaseRunner:
-    schemas = {name: schema for name, (_, schema) in TABLES.items()}
     log = context.log.info if context is not None else None
     return PhaseRunner(
         ledger=ledger.get(),
-        lake=lake.get(schemas, partition_by=PARTITION_COLUMNS),
+        lake=lake.get(SCHEMAS, partition_by=PARTITION_COLUMNS),
         landing=landing.get(),
         targets=publisher.targets(),
         regions=landing.regions(),

@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from assets.phases import LAST_READER, Phase
-from assets.schemas import PARTITION_COLUMNS, TABLES
+from assets.phases import LAST_READER, TABLE_PHASE, Phase
+from assets.schemas import PARTITION_COLUMNS, SCHEMAS
 from resources import faults
 from resources.errors import GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake
@@ -166,7 +166,7 @@ class PhaseIO:
         if table not in self.phase.inputs:
             raise UndeclaredRead(f"{self.phase.name} reads {table}, which is not among its declared inputs"
                                  f" ({', '.join(self.phase.inputs) or 'none'}; see assets/phases.py)")
-        owner, _ = TABLES[table]
+        owner = TABLE_PHASE[table]
         cp = self.upstream.get(owner)
         if cp is None:
             raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
@@ -325,7 +325,7 @@ class PhaseRunner:
         except StormlakeError:
             return
         for table in phase.inputs:
-            version = heads[TABLES[table][0]].summary["delta_versions"][table]
+            version = heads[TABLE_PHASE[table]].summary["delta_versions"][table]
             self.lake.prefetch(table, part.region.region_id, part.day, version=version)
 
     # ---- the protocol ------------------------------------------------------------------
@@ -516,7 +516,7 @@ def _schema_checks(phase: Phase, out: PhaseOutput) -> Iterable[Check]:
         if data is None:
             yield Check(f"{table}.present", False, "the phase produced no such table")
             continue
-        _, schema = TABLES[table]
+        schema = SCHEMAS[table]
         missing = [n for n in schema.names if n not in data.schema.names]
         if missing:
             yield Check(f"{table}.columns", False, f"missing column(s) {', '.join(missing)}")

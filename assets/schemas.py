@@ -154,18 +154,19 @@ REGION_DAY_SUMMARY = _schema(
     ("top_feeders", pa.string(), False),  # JSON list of {feeder_id, outages, customers_out}
 )
 
-#: table name -> (owning phase, schema)
-TABLES: dict[str, tuple[str, pa.Schema]] = {
-    "outages_raw": ("ingest", OUTAGES_RAW),
-    "weather_raw": ("ingest", WEATHER_RAW),
-    "customers_ref": ("ingest", CUSTOMERS_REF),
-    "terrain_ref": ("ingest", TERRAIN_REF),
-    "quarantine": ("ingest", QUARANTINE),
-    "outages_enriched": ("enrich", OUTAGES_ENRICHED),
-    "cell_hour_stats": ("correlate", CELL_HOUR_STATS),
-    "cell_risk": ("correlate", CELL_RISK),
-    "storm_clusters": ("correlate", STORM_CLUSTERS),
-    "region_day_summary": ("present", REGION_DAY_SUMMARY),
+#: table name -> its Arrow schema. Which phase writes a table is declared once, by the phase
+#: (``assets.phases.Phase.tables``, looked up through ``TABLE_PHASE``).
+SCHEMAS: dict[str, pa.Schema] = {
+    "outages_raw": OUTAGES_RAW,
+    "weather_raw": WEATHER_RAW,
+    "customers_ref": CUSTOMERS_REF,
+    "terrain_ref": TERRAIN_REF,
+    "quarantine": QUARANTINE,
+    "outages_enriched": OUTAGES_ENRICHED,
+    "cell_hour_stats": CELL_HOUR_STATS,
+    "cell_risk": CELL_RISK,
+    "storm_clusters": STORM_CLUSTERS,
+    "region_day_summary": REGION_DAY_SUMMARY,
 }
 
 #: table name -> what one row is (the table asset's description in Dagster's catalog)
@@ -193,7 +194,7 @@ def table_schema(table: str) -> dg.TableSchema:
     """
     import dagster as dg  # here: this module is imported by commands that never load Dagster
 
-    _, schema = TABLES[table]
+    schema = SCHEMAS[table]
     return dg.TableSchema(columns=[
         dg.TableColumn(
             name=f.name,

@@ -659,11 +659,11 @@ def lake_root(env: dict[str, str]) -> str:
 
 def lake_snapshot(env: dict[str, str], partitions: list[str]) -> dict[tuple[str, str], Any]:
     """Every table of every partition, as sorted DataFrames (tests.helpers.read_table)."""
-    from assets.schemas import TABLES
+    from assets.schemas import SCHEMAS
     from tests.helpers import read_table
 
     root = lake_root(env)
-    return {(t, k): read_table(root, t, k) for t in TABLES for k in partitions}
+    return {(t, k): read_table(root, t, k) for t in SCHEMAS for k in partitions}
 
 
 def check_lake_equal(env: dict[str, str], clean: dict[tuple[str, str], Any], partitions: list[str]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
-from assets.schemas import PARTITION_COLUMNS, TABLES
+from assets.schemas import PARTITION_COLUMNS, SCHEMAS
 from pipeline.definitions import PHASE_ASSETS, build_resources
 from resources.lake import Lake
 
@@ -28,7 +28,7 @@ def materialize(key: str = KEY, *, selection: list[Any] | None = None, raise_on_
 
 
 def lake(root: str) -> Lake:
-    return Lake(root, {n: s for n, (_, s) in TABLES.items()}, partition_by=PARTITION_COLUMNS)
+    return Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS)
 
 
 def read_table(root: str, table: str, key: str = KEY) -> pd.DataFrame:
@@ -47,7 +47,7 @@ def read_table(root: str, table: str, key: str = KEY) -> pd.DataFrame:
 
 def table_versions(root: str) -> dict[str, int | None]:
     lk = lake(root)
-    return {t: lk.latest_version(t) for t in TABLES}
+    return {t: lk.latest_version(t) for t in SCHEMAS}
 
 
 def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:

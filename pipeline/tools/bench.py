@@ -240,8 +240,8 @@ def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
         OUTAGES_ENRICHED,
         PARTITION_COLUMNS,
         REGION_DAY_SUMMARY,
+        SCHEMAS,
         STORM_CLUSTERS,
-        TABLES,
     )
     from assets.transforms.correlate import correlate_storm
     from assets.transforms.enrich import enrich_outages
@@ -258,7 +258,7 @@ def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
     phases = {"ingest": 0.0, "enrich": 0.0, "correlate": 0.0, "present": 0.0}
 
     def write(table: str, data: pa.Table, region_id: str, day: str) -> None:
-        schema = TABLES[table][1]
+        schema = SCHEMAS[table]
         data = data.select(schema.names).cast(schema)
         predicate = f"region_id = '{region_id}' AND day = '{day}'"
         write_deltalake(f"{lake}/{table}", data, mode="overwrite", predicate=predicate,
@@ -266,7 +266,7 @@ def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     Path(lake).mkdir(parents=True, exist_ok=True)
-    for table, (_, schema) in TABLES.items():
+    for table, schema in SCHEMAS.items():
         DeltaTable.create(f"{lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS)
     rows = 0
     for n, key in enumerate(spec["keys"], 1):

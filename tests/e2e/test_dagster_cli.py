@@ -15,13 +15,13 @@ import dagster as dg
 import pytest
 
 from assets.phases import INGEST, PHASES
-from assets.schemas import TABLES
+from assets.schemas import SCHEMAS
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-ASSETS = set(TABLES)  # one asset per table of the four phases
+ASSETS = set(SCHEMAS)  # one asset per table of the four phases
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ import dagster as dg
 import pytest
 
 from assets.phases import PHASES, TABLE_PHASE
-from assets.schemas import TABLES
+from assets.schemas import SCHEMAS
 from tests.ledger_sql import query
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ARTIFACTS = REPO / "test-artifacts"
-ASSETS = list(TABLES)  # one asset per Delta table of the four phases
+ASSETS = list(SCHEMAS)  # one asset per Delta table of the four phases
 KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
 DONE = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 HANG_GUARD_S = 900  # a deadline against hanging forever, not a performance assertion

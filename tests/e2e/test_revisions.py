@@ -114,7 +114,7 @@ def _set_schema_version(phase: Any, version: int) -> None:
 def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[str, str], pg_dsn: str) -> None:
     from assets import correlate as correlate_mod
     from assets.phases import BY_NAME, CORRELATE
-    from assets.schemas import TABLES
+    from assets.schemas import SCHEMAS
     from tests.helpers import KEY, materialize
 
     assert correlate_mod.CORRELATE is CORRELATE is BY_NAME["correlate"]
@@ -153,7 +153,7 @@ def test_schema_version_bump_recomputes_that_phase_and_later_ones(sl_env: dict[s
     lake_v3 = lake_snapshot(sl_env, [KEY])
     import pandas as pd
 
-    for table in TABLES:
+    for table in SCHEMAS:
         pd.testing.assert_frame_equal(lake_v3[(table, KEY)], lake_v1[(table, KEY)], obj=table)
     check_ledger_clean(pg_dsn)
 

@@ -13,11 +13,11 @@ import dagster as dg
 import pytest
 
 from assets.phases import PHASES
-from assets.schemas import TABLES, table_schema
+from assets.schemas import SCHEMAS, table_schema
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = ("ingested_batch", "enriched_outages", "storm_correlation", "operational_picture")
-ASSETS = tuple(TABLES)  # one asset per Delta table
+ASSETS = tuple(SCHEMAS)  # one asset per Delta table
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
-from assets.schemas import PARTITION_COLUMNS, TABLES
+from assets.phases import TABLE_PHASE
+from assets.schemas import PARTITION_COLUMNS, SCHEMAS
 from resources import lake as lake_mod
 from resources.lake import Lake
 
-SCHEMA = TABLES["weather_raw"][1]
+SCHEMA = SCHEMAS["weather_raw"]
 
 
 def _rows(region: str, day: str, n: int, base: float) -> pa.Table:
@@ -42,7 +43,7 @@ def _scan(lk: Lake, version: int, region: str, day: str) -> pa.Table:
 def lk(tmp_path: Path) -> Lake:
     lake_mod._CACHE.clear()
     lake_mod._CACHE_BYTES[0] = 0
-    return Lake(str(tmp_path / "lake"), {t: s for t, (_, s) in TABLES.items()}, partition_by=PARTITION_COLUMNS)
+    return Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS)
 
 
 def test_pinned_reads_from_the_files_equal_deltas_own_scan(lk: Lake) -> None:
@@ -103,7 +104,7 @@ def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
     order = {p.name: i for i, p in enumerate(PHASES)}
     for phase in PHASES:
         for table in phase.inputs:
-            owner = TABLES[table][0]
+            owner = TABLE_PHASE[table]
             assert order[owner] < order[phase.name] and owner in phase.reads, (phase.name, table)
     assert LAST_READER == {"outages_raw": "enrich", "weather_raw": "correlate", "terrain_ref": "correlate",
                            "customers_ref": "present", "outages_enriched": "present",

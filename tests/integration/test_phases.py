@@ -20,8 +20,8 @@ import pytest
 from pandas.testing import assert_frame_equal
 from psycopg import sql
 
-from assets.phases import CORRELATE, INGEST, PHASES, table_keys
-from assets.schemas import TABLES, table_schema
+from assets.phases import CORRELATE, INGEST, PHASES, TABLE_PHASE, table_keys
+from assets.schemas import SCHEMAS, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
@@ -31,7 +31,7 @@ from tests.ledger_sql import query
 DAY, REGION = KEY.split("|")
 ALL_KEYS = [f"{d}|{r}" for d in ("2026-09-01", "2026-09-02") for r in ("gulf_coast", "pine_belt")]
 ASSETS = [p.asset for p in PHASES]
-INGEST_TABLES = [t for t, (owner, _) in TABLES.items() if owner == "ingest"]
+INGEST_TABLES = list(INGEST.tables)
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -261,11 +261,11 @@ def test_every_table_is_materialized_with_its_rows_schema_uri_version_and_hash(s
     result = materialize(other)
     assert_completed_all(result)
     mats = _materializations(result)
-    assert set(mats) == set(TABLES)  # one materialization per table, none for a phase as a whole
+    assert set(mats) == set(SCHEMAS)  # one materialization per table, none for a phase as a whole
     root = lake_root(sl_env)
     heads = heads_by_phase(ledger, other)
     for table, mat in mats.items():
-        owner, _ = TABLES[table]
+        owner = TABLE_PHASE[table]
         cp = heads[owner]
         meta = {k: v.value for k, v in mat.metadata.items()}
         here, there = len(read_table(root, table, other)), len(read_table(root, table, KEY))
@@ -273,7 +273,7 @@ def test_every_table_is_materialized_with_its_rows_schema_uri_version_and_hash(s
         # The whole table at the version written: this partition and the one written before.
         assert meta["dagster/row_count"] == here + there, table
         assert mat.metadata["dagster/column_schema"].schema == table_schema(table)
-        assert [c.name for c in table_schema(table).columns] == TABLES[table][1].names
+        assert [c.name for c in table_schema(table).columns] == SCHEMAS[table].names
         assert meta["dagster/table_name"] == table
         assert meta["dagster/uri"] == (Path(root) / table).resolve().as_uri()
         assert meta["delta_version"] == cp.summary["delta_versions"][table] == table_versions(root)[table]
@@ -338,7 +338,7 @@ def test_resume_after_injected_fault_equals_clean_run(sl_env: dict[str, str], le
     heads = heads_by_phase(ledger)
     assert all(cp.status == "COMPLETED" for cp in heads.values()) and len(heads) == 4
 
-    for table in TABLES:
+    for table in SCHEMAS:
         got = normalized(read(lake_root(sl_env), table))
         want = normalized(read(str(clean_home / "lake"), table))
         assert len(want) > 0 or table == "quarantine", table
@@ -356,7 +356,7 @@ def test_changed_landing_file_recomputes_only_its_partition(sl_env: dict[str, st
     receipts_before = {(r.artifact_id, r.target): r for r in ledger.receipts()}
     old_ids = {r.kind: r.artifact_id for r in ledger.receipts(partition_key=KEY)}
     others = [k for k in ALL_KEYS if k != KEY]
-    data_before = {(k, t): normalized(read(lake_root(sl_env), t, k)) for k in others for t in TABLES}
+    data_before = {(k, t): normalized(read(lake_root(sl_env), t, k)) for k in others for t in SCHEMAS}
     files_before = published_state(sl_env)
     outages_before = read_table(lake_root(sl_env), "outages_raw")
 
@@ -544,7 +544,7 @@ def test_unreadable_file_fails_the_partition_and_writes_nothing(sl_env: dict[str
     assert not step_outcomes(result)
 
     root = lake_root(sl_env)
-    for table in TABLES:
+    for table in SCHEMAS:
         assert partition_rows(root, table, KEY) == 0, f"{table} has rows of the failed partition"
         assert partition_rows(root, table, other) > 0 or table == "quarantine", table
     assert not publish_dir(sl_env).exists()
