@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext
 
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import CORRELATE
-from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
 from assets.transforms.correlate import correlate_storm
 from resources.lake import LakeResource
@@ -18,13 +18,13 @@ from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 
-def compute(io: PhaseIO) -> PhaseOutput:
-    part = io.partition
-    enriched = io.read("outages_enriched")
-    weather = io.read("weather_raw")
-    customers = io.read("customers_ref")
-    terrain = io.read("terrain_ref")
-    io.midpoint()
+def compute(ctx: PhaseContext) -> PhaseOutput:
+    part = ctx.partition
+    enriched = ctx.read("outages_enriched")
+    weather = ctx.read("weather_raw")
+    customers = ctx.read("customers_ref")
+    terrain = ctx.read("terrain_ref")
+    ctx.fault_point()
     cell_hour, cell_risk, clusters = correlate_storm(enriched, weather, customers, terrain,
                                                      region=part.region, day=part.day)
     tables = {
@@ -46,7 +46,7 @@ def compute(io: PhaseIO) -> PhaseOutput:
     )
 
 
-def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
     f = out.figures
     yield Check("cell_hours_cover_outages", f["cell_hour_outages"] == f["outages"],
                 f"{f['cell_hour_outages']} outages in cell-hours, {f['outages']} enriched")

@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext
 
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
-from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.schemas import OUTAGES_ENRICHED
 from assets.transforms.enrich import enrich_outages
 from resources.lake import LakeResource
@@ -18,13 +18,13 @@ from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 
-def compute(io: PhaseIO) -> PhaseOutput:
-    part = io.partition
-    outages = io.read("outages_raw")
-    weather = io.read("weather_raw")
-    customers = io.read("customers_ref")
-    terrain = io.read("terrain_ref")
-    io.midpoint()
+def compute(ctx: PhaseContext) -> PhaseOutput:
+    part = ctx.partition
+    outages = ctx.read("outages_raw")
+    weather = ctx.read("weather_raw")
+    customers = ctx.read("customers_ref")
+    terrain = ctx.read("terrain_ref")
+    ctx.fault_point()
     enriched = enrich_outages(outages, weather, customers, terrain, region=part.region, day=part.day)
     table = pa.Table.from_pandas(enriched, schema=OUTAGES_ENRICHED, preserve_index=False)
     return PhaseOutput(
@@ -38,7 +38,7 @@ def compute(io: PhaseIO) -> PhaseOutput:
     )
 
 
-def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
     f = out.figures
     yield Check("one_row_per_outage", f["outages"] == f["input_outages"],
                 f"{f['outages']} enriched rows for {f['input_outages']} ingested outages")

@@ -10,7 +10,7 @@ from dagster import AssetExecutionContext
 from assets.landing_files import landing_files, observe_for_ingest
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
-from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.transforms.ingest import ingest_partition
 from resources.lake import LakeResource
 from resources.landing import LandingResource
@@ -18,10 +18,10 @@ from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
 
 
-def compute(io: PhaseIO) -> PhaseOutput:
-    part = io.partition
-    result = ingest_partition(io.landing.root, part.region, part.day, known_regions=io.known_regions)
-    io.midpoint()
+def compute(ctx: PhaseContext) -> PhaseOutput:
+    part = ctx.partition
+    result = ingest_partition(ctx.landing.root, part.region, part.day, known_regions=ctx.known_regions)
+    ctx.fault_point()
     files = [asdict(f) for f in result.files]
     return PhaseOutput(
         tables={
@@ -40,7 +40,7 @@ def compute(io: PhaseIO) -> PhaseOutput:
     )
 
 
-def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
     files = out.figures["files"]
     for f in files:
         conserved = f["rows_read"] == f["rows_accepted"] + f["rows_quarantined"] + f["rows_other_regions"]

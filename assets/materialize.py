@@ -40,14 +40,14 @@ KINDS = {"deltalake", "postgres"}
 def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) -> dg.AssetSpec:
     """The asset of one table of ``phase``: its lineage, group, versions and column schema.
 
-    Its dependencies are the tables the phase reads (``Phase.inputs``, at the versions its
+    Its dependencies are the tables the phase reads (``Phase.input_tables``, at the versions its
     upstream checkpoints pinned) plus ``deps`` (ingest: the ``landing_files`` source).
     """
     from assets.partitions import PARTITIONS
 
     return dg.AssetSpec(
         key=table,
-        deps=[*deps, *phase.inputs],
+        deps=[*deps, *phase.input_tables],
         description=f"{DESCRIPTIONS[table]} Written by the {phase.name} phase (op {phase.asset}).",
         group_name=phase.name,
         code_version=f"{phase.code_version}.s{phase.schema_version}",

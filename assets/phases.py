@@ -16,17 +16,17 @@ if TYPE_CHECKING:
     import dagster as dg
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Phase:
     name: str  # ingest | enrich | correlate | present
     asset: str  # the Dagster op (step) that materializes the phase's tables, one asset per table
-    tier: int
+    tier: int  # the progress tier a partition reaches when this phase commits
     tier_label: str
     schema_version: int
     code_version: str
-    reads: tuple[str, ...]  # earlier phases whose tables (at pinned versions) this phase reads
-    tables: tuple[str, ...]  # tables this phase writes
-    inputs: tuple[str, ...] = ()  # tables of earlier phases it reads (the only ones PhaseIO lets it read)
+    upstream_phases: tuple[str, ...]  # earlier phases whose tables (at pinned versions) this phase reads
+    input_tables: tuple[str, ...]  # tables of those phases it reads (the only ones its context lets it read)
+    tables: tuple[str, ...]  # tables this phase writes, one Dagster asset each
 
     @property
     def pool(self) -> str:
@@ -34,20 +34,33 @@ class Phase:
         return f"stormlake_{self.name}"
 
 
-INGEST = Phase("ingest", "ingested_batch", 1, "ingested", 1, "1",
-               (), ("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"))
-ENRICH = Phase("enrich", "enriched_outages", 2, "enriched", 1, "1", ("ingest",), ("outages_enriched",),
-               ("outages_raw", "weather_raw", "customers_ref", "terrain_ref"))
-CORRELATE = Phase("correlate", "storm_correlation", 3, "correlated", 1, "1",
-                  ("ingest", "enrich"), ("cell_hour_stats", "cell_risk", "storm_clusters"),
-                  ("outages_enriched", "weather_raw", "customers_ref", "terrain_ref"))
-PRESENT = Phase("present", "operational_picture", 4, "published", 1, "2",
-                ("ingest", "enrich", "correlate"), ("region_day_summary",),
-                ("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"))
+INGEST = Phase(
+    name="ingest", asset="ingested_batch", tier=1, tier_label="ingested", schema_version=1, code_version="1",
+    upstream_phases=(), input_tables=(),
+    tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"),
+)
+ENRICH = Phase(
+    name="enrich", asset="enriched_outages", tier=2, tier_label="enriched", schema_version=1, code_version="1",
+    upstream_phases=("ingest",),
+    input_tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref"),
+    tables=("outages_enriched",),
+)
+CORRELATE = Phase(
+    name="correlate", asset="storm_correlation", tier=3, tier_label="correlated", schema_version=1,
+    code_version="1", upstream_phases=("ingest", "enrich"),
+    input_tables=("outages_enriched", "weather_raw", "customers_ref", "terrain_ref"),
+    tables=("cell_hour_stats", "cell_risk", "storm_clusters"),
+)
+PRESENT = Phase(
+    name="present", asset="operational_picture", tier=4, tier_label="published", schema_version=1,
+    code_version="2", upstream_phases=("ingest", "enrich", "correlate"),
+    input_tables=("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"),
+    tables=("region_day_summary",),
+)
 
 PHASES: tuple[Phase, ...] = (INGEST, ENRICH, CORRELATE, PRESENT)
 # The last phase reading each table: after it has read a partition, this process needs it no more.
-LAST_READER = {table: phase.name for phase in PHASES for table in phase.inputs}
+LAST_READER = {table: phase.name for phase in PHASES for table in phase.input_tables}
 BY_NAME = {p.name: p for p in PHASES}
 TIER_LABELS = {0: "not_started", **{p.tier: p.tier_label for p in PHASES}}
 # The phase of each Dagster op (the ``asset`` names above), e.g. for a step key.

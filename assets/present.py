@@ -10,7 +10,7 @@ from dagster import AssetExecutionContext
 
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import PRESENT
-from assets.runner import Check, PhaseIO, PhaseOutput
+from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
 from resources.lake import LakeResource
@@ -19,15 +19,15 @@ from resources.ledger_resource import LedgerResource
 from resources.publisher import Artifact, PublisherResource
 
 
-def compute(io: PhaseIO) -> PhaseOutput:
-    part = io.partition
-    enriched = io.read("outages_enriched")
-    cell_hour = io.read("cell_hour_stats")
-    cell_risk = io.read("cell_risk")
-    clusters = io.read("storm_clusters")
-    customers = io.read("customers_ref")
-    quarantined = int(io.upstream["ingest"].summary["rows"]["quarantine"])
-    io.midpoint()
+def compute(ctx: PhaseContext) -> PhaseOutput:
+    part = ctx.partition
+    enriched = ctx.read("outages_enriched")
+    cell_hour = ctx.read("cell_hour_stats")
+    cell_risk = ctx.read("cell_risk")
+    clusters = ctx.read("storm_clusters")
+    customers = ctx.read("customers_ref")
+    quarantined = int(ctx.upstream["ingest"].summary["rows"]["quarantine"])
+    ctx.fault_point()
     summary = summarize(region=part.region, day=part.day, enriched=enriched, cell_hour=cell_hour,
                         cell_risk=cell_risk, clusters=clusters, customers=customers, quarantined_rows=quarantined)
     rendered = render_artifacts(region=part.region, day=part.day, summary=summary, cell_hour=cell_hour,
@@ -49,7 +49,7 @@ def compute(io: PhaseIO) -> PhaseOutput:
     )
 
 
-def grade(io: PhaseIO, out: PhaseOutput) -> Iterator[Check]:
+def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
     f = out.figures
     yield Check("summary_outages", f["outages"] == f["expected_outages"], f"{f['outages']} vs {f['expected_outages']}")
     yield Check("summary_clusters", f["clusters"] == f["expected_clusters"], f"{f['clusters']} vs {f['expected_clusters']}")

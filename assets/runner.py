@@ -139,7 +139,7 @@ def _hash_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-class PhaseIO:
+class PhaseContext:
     """What a phase's compute function may touch: pinned upstream reads and recorded calls."""
 
     def __init__(self, runner: PhaseRunner, phase: Phase, part: PartitionRef, upstream: dict[str, Checkpoint],
@@ -163,9 +163,9 @@ class PhaseIO:
 
     def read_arrow(self, table: str) -> pa.Table:
         """Read this partition of ``table`` at the version its producer's checkpoint pinned."""
-        if table not in self.phase.inputs:
+        if table not in self.phase.input_tables:
             raise UndeclaredRead(f"{self.phase.name} reads {table}, which is not among its declared inputs"
-                                 f" ({', '.join(self.phase.inputs) or 'none'}; see assets/phases.py)")
+                                 f" ({', '.join(self.phase.input_tables) or 'none'}; see assets/phases.py)")
         owner = TABLE_PHASE[table]
         cp = self.upstream.get(owner)
         if cp is None:
@@ -174,7 +174,7 @@ class PhaseIO:
         return self.runner.lake.read_partition(table, self.partition.region.region_id, self.partition.day,
                                                version=version, last_use=LAST_READER[table] == self.phase.name)
 
-    def midpoint(self) -> None:
+    def fault_point(self) -> None:
         """Called by a compute function halfway through its work (fault-injection point)."""
         faults.check("mid_transform", phase=self.phase.name, partition_key=self.partition.key)
 
@@ -214,8 +214,8 @@ def freeze_startup_heap() -> None:
         gc.freeze()
 
 
-Compute = Callable[[PhaseIO], PhaseOutput]
-Grader = Callable[[PhaseIO, PhaseOutput], Iterable[Check]]
+Compute = Callable[[PhaseContext], PhaseOutput]
+Grader = Callable[[PhaseContext, PhaseOutput], Iterable[Check]]
 
 
 class PhaseRunner:
@@ -246,7 +246,7 @@ class PhaseRunner:
 
         heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
         ups: dict[str, Checkpoint] = {}
-        for name in phase.reads:
+        for name in phase.upstream_phases:
             cp = heads.get(name)
             if cp is None or cp.status != "COMPLETED":
                 state = "never run" if cp is None else cp.status
@@ -303,9 +303,9 @@ class PhaseRunner:
         cp = heads.get(phase.name)
         if cp is None or cp.status != "COMPLETED" or cp.schema_version != phase.schema_version:
             return False
-        if any(name not in heads for name in phase.reads):
+        if any(name not in heads for name in phase.upstream_phases):
             return False
-        return self.input_hash(phase, part, {name: heads[name] for name in phase.reads}, prior=cp)[0] == cp.input_hash
+        return self.input_hash(phase, part, {name: heads[name] for name in phase.upstream_phases}, prior=cp)[0] == cp.input_hash
 
     def prefetch(self, phase: Phase, part: PartitionRef) -> None:
         """Start reading the partition's inputs for ``phase`` in the background, if it has work.
@@ -315,16 +315,16 @@ class PhaseRunner:
         when every upstream phase is COMPLETED and this phase would not skip; any doubt (the
         ledger unreachable) just means no prefetch: the phase reads as usual.
         """
-        if not phase.inputs:
+        if not phase.input_tables:
             return
         try:
             heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
-            if (any(name not in heads or heads[name].status != "COMPLETED" for name in phase.reads)
+            if (any(name not in heads or heads[name].status != "COMPLETED" for name in phase.upstream_phases)
                     or self._would_skip(phase, part, heads)):
                 return
         except StormlakeError:
             return
-        for table in phase.inputs:
+        for table in phase.input_tables:
             version = heads[TABLE_PHASE[table]].summary["delta_versions"][table]
             self.lake.prefetch(table, part.region.region_id, part.day, version=version)
 
@@ -417,11 +417,11 @@ class PhaseRunner:
 
     def _attempt(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint], claim: Claim,
                  basis: dict[str, Any], compute: Compute, grader: Grader | None) -> Outcome:
-        io = PhaseIO(self, phase, part, ups, claim)
-        out = compute(io)
+        ctx = PhaseContext(self, phase, part, ups, claim)
+        out = compute(ctx)
         checks = list(_schema_checks(phase, out))
         if grader is not None:
-            checks.extend(grader(io, out))
+            checks.extend(grader(ctx, out))
         failed = [c for c in checks if not c.passed]
         if failed:
             raise GraderError(
@@ -443,11 +443,11 @@ class PhaseRunner:
                                                     keep=table in LAST_READER)
                 return {"version": res.version, "written": res.written, "rows": res.rows}
 
-            res = io.call("delta_commit", table, {"partition": part.key, "content": hashes[table]}, write)
+            res = ctx.call("delta_commit", table, {"partition": part.key, "content": hashes[table]}, write)
             versions[table] = int(res["version"])
             written[table] = bool(res["written"]) and not res.get("replayed", False)
             faults.check("after_delta_commit", phase=phase.name, partition_key=part.key)
-        delivered, receipts = self._deliver(io, out.artifacts)
+        delivered, receipts = self._deliver(ctx, out.artifacts)
         state_hash = _hash_json({"tables": hashes, "artifacts": sorted(a.artifact_id for a in out.artifacts)})
         summary = {
             "rows": rows,
@@ -470,11 +470,11 @@ class PhaseRunner:
         return Outcome(phase.name, part.key, "COMPLETED", cp, tuple(delivered), tuple(checks))
 
     # ---- deliveries ----------------------------------------------------------------------
-    def _deliver(self, io: PhaseIO, artifacts: list[Artifact]) -> tuple[list[str], int]:
+    def _deliver(self, ctx: PhaseContext, artifacts: list[Artifact]) -> tuple[list[str], int]:
         """Deliver every artifact to every target exactly once, guarded by receipts."""
         delivered: list[str] = []
         count = 0
-        part = io.partition
+        part = ctx.partition
         for artifact in artifacts:
             for target in self.targets:
                 count += 1
@@ -482,11 +482,11 @@ class PhaseRunner:
                     artifact_id=artifact.artifact_id, target=target.name, partition_key=part.key,
                     region_id=artifact.region_id, day=artifact.day, kind=artifact.kind,
                     content_hash=artifact.content_hash, size_bytes=len(artifact.data),
-                    target_ref=target.ref(artifact), checkpoint_id=io.claim.id if io.claim else None,
+                    target_ref=target.ref(artifact), checkpoint_id=ctx.claim.id if ctx.claim else None,
                 )
                 if rec.status == "DELIVERED":
                     continue
-                faults.check("after_pending", phase=io.phase.name, partition_key=part.key)
+                faults.check("after_pending", phase=ctx.phase.name, partition_key=part.key)
 
                 def send(target: Target = target, artifact: Artifact = artifact, rec: Receipt = rec):
                     try:
@@ -495,12 +495,12 @@ class PhaseRunner:
                     except StormlakeError as exc:
                         self.ledger.note_delivery_attempt(rec, str(exc))
                         raise
-                    faults.check("after_delivery", phase=io.phase.name, partition_key=part.key)
+                    faults.check("after_delivery", phase=ctx.phase.name, partition_key=part.key)
                     self.ledger.mark_delivered(rec, response)
                     return {"artifact_id": artifact.artifact_id, "target": target.name,
                             "idempotency_key": rec.idempotency_key, "response": response}
 
-                io.call("deliver", f"{target.name}:{artifact.kind}",
+                ctx.call("deliver", f"{target.name}:{artifact.kind}",
                         {"artifact_id": artifact.artifact_id, "target": target.name,
                          "idempotency_key": rec.idempotency_key}, send)
                 delivered.append(f"{target.name}:{rec.idempotency_key}")

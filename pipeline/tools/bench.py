@@ -390,7 +390,7 @@ def _commit_worker(dsn: str, writer: int, iterations: int, day: str, start, queu
                 "delta_versions": {t: i for t in phase.tables},
                 "delta_written": {t: True for t in phase.tables},
                 "figures": {"outages": 200_000, "cells": 1800, "customers_out": 123_456},
-                "upstream": {name: ih for name in phase.reads},
+                "upstream": {name: ih for name in phase.upstream_phases},
                 "artifacts": [], "delivered": [], "receipts": 0,
                 "checks": {f"{t}.schema": True for t in phase.tables},
             }

@@ -92,7 +92,7 @@ def test_one_op_writes_every_table_of_a_phase(defs: dg.Definitions, phase) -> No
         assert node.tags.get("stormlake/phase") == phase.name
         assert {"deltalake", "postgres"} <= set(node.kinds)
         # Table-level lineage: the tables the phase reads (ingest: the landing files).
-        assert {k.to_user_string() for k in node.parent_keys} == (set(phase.inputs) or {"landing_files"})
+        assert {k.to_user_string() for k in node.parent_keys} == (set(phase.input_tables) or {"landing_files"})
         meta = node.metadata
         assert meta["dagster/column_schema"].schema == table_schema(key.path[-1])
         assert meta["dagster/table_name"].value == key.path[-1]

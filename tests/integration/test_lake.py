@@ -103,9 +103,9 @@ def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
 
     order = {p.name: i for i, p in enumerate(PHASES)}
     for phase in PHASES:
-        for table in phase.inputs:
+        for table in phase.input_tables:
             owner = TABLE_PHASE[table]
-            assert order[owner] < order[phase.name] and owner in phase.reads, (phase.name, table)
+            assert order[owner] < order[phase.name] and owner in phase.upstream_phases, (phase.name, table)
     assert LAST_READER == {"outages_raw": "enrich", "weather_raw": "correlate", "terrain_ref": "correlate",
                            "customers_ref": "present", "outages_enriched": "present",
                            "cell_hour_stats": "present", "cell_risk": "present", "storm_clusters": "present"}
