@@ -7,9 +7,10 @@ import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
+from assets.checks import Check
+from assets.context import PhaseContext, PhaseOutput
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
-from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.schemas import OUTAGES_ENRICHED
 from assets.transforms.enrich import enrich_outages
 from resources.lake import LakeResource

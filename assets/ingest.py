@@ -7,10 +7,11 @@ from dataclasses import asdict
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from assets.checks import Check
+from assets.context import PhaseContext, PhaseOutput
 from assets.landing_files import landing_files, observe_for_ingest
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
-from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.transforms.ingest import ingest_partition
 from resources.lake import LakeResource
 from resources.landing import LandingResource

@@ -19,9 +19,11 @@ from typing import Any
 
 import dagster as dg
 
+from assets.checks import Check
+from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
 from assets.phases import Phase
-from assets.runner import Check, Compute, Grader, Outcome, PartitionRef, PhaseRunner
+from assets.runner import Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.errors import StormlakeError
 from resources.lake import Lake, LakeResource

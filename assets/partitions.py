@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from resources.keys import partition_key, split_partition_key
 from resources.settings import Region, load_regions, load_settings
 
 if TYPE_CHECKING:
@@ -36,8 +37,7 @@ def split_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
     if isinstance(key, dg.MultiPartitionKey):
         dims = key.keys_by_dimension
         return dims["day"], dims["region"]
-    day, _, region_id = str(key).partition("|")
-    return day, region_id
+    return split_partition_key(str(key))
 
 
 PARTITIONS = storm_partitions()
@@ -65,5 +65,5 @@ def landing_keys(landing: Landing, *, today: str | None = None) -> tuple[list[st
     keys: list[str] = []
     ignored: list[str] = []
     for day, region in landing.partitions():
-        (keys if region in known and first <= day < today else ignored).append(f"{day}|{region}")
+        (keys if region in known and first <= day < today else ignored).append(partition_key(day, region))
     return keys, ignored

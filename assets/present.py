@@ -8,9 +8,10 @@ import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
+from assets.checks import Check
+from assets.context import PhaseContext, PhaseOutput
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import PRESENT
-from assets.runner import Check, PhaseContext, PhaseOutput
 from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
 from resources.lake import LakeResource

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from resources.errors import ConfigError, StormlakeError
+from resources.keys import partition_key
 from resources.settings import REGION_ID_RE, Settings, load_regions, load_settings
 
 SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
@@ -57,7 +58,7 @@ def select_partitions(settings: Settings, regions_arg: str | None, days_arg: str
             continue
         if window and not (window[0] <= day <= window[1]):
             continue
-        keys.append(f"{day}|{region}")
+        keys.append(partition_key(day, region))
     return keys
 
 

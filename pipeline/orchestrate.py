@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from pipeline.jobs import LAUNCHED_BY
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
+from resources.ledger import Checkpoint, Ledger
 
 # The phase of each table asset; a step is named after its phase's op (``OP_PHASE``).
 ASSET_PHASE = dict(TABLE_PHASE)
@@ -210,15 +212,14 @@ def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[
     return groups
 
 
-def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, group: list[str], *, tags: dict[str, str],
-              on_done: Callable[[PartitionRun], None], first: int = 0) -> list[PartitionRun]:
+def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, ledger: Ledger, group: list[str], *,
+              tags: dict[str, str], on_done: Callable[[PartitionRun], None], first: int = 0) -> list[PartitionRun]:
     """One run over a key range; each partition is reported as soon as its last phase is done.
 
     ``first``: the index of the first phase to run (the phases before it are done for every
-    partition of the range and are left out of the run).
+    partition of the range and are left out of the run). The outcomes come from ``ledger`` as
+    the run's steps record them (:meth:`Ledger.watching`).
     """
-    from assets.runner import OUTCOME_LISTENERS
-
     start = time.monotonic()
     runs = {k: PartitionRun(key=k, ok=False, run_id="", seconds=0.0,
                             phases={p.name: "SKIPPED" for p in PHASES[:first]}) for k in group}
@@ -235,16 +236,145 @@ def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, group: list[s
             run.seconds = time.monotonic() - start
             on_done(run)
 
-    OUTCOME_LISTENERS.append(listen)
-    try:
+    with ledger.watching(listen):
         result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET,
                                         tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]},
                                         asset_selection=phase_selection(first))
-    finally:
-        OUTCOME_LISTENERS.remove(listen)
     for run in runs.values():
         run.run_id = result.run_id
     return list(runs.values())
+
+
+def _open_instance() -> dg.DagsterInstance:
+    """The Dagster instance of ``$DAGSTER_HOME``, with pooled storage connections."""
+    try:
+        instance = dg.DagsterInstance.get()
+        # dagster-postgres opens a new connection per storage call by default (NullPool); a
+        # CLI process running many runs back to back keeps a small pool instead.
+        dagster_compat.pool_storage_connections(instance, max_overflow=4)
+    except Exception as exc:
+        if _db_down(exc):
+            raise LedgerUnavailable(
+                "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
+            ) from exc
+        raise
+    return instance
+
+
+class PartitionLauncher:
+    """Launches the runs of one CLI command: a partition alone or a key range per run.
+
+    Every finished partition goes to :meth:`report` (the progress display and ``on_result``).
+    Once PostgreSQL is gone, no further run is launched: every later partition would fail the
+    same way.
+    """
+
+    def __init__(self, instance: dg.DagsterInstance, *, progress: Progress | None,
+                 on_result: Callable[[PartitionRun], None] | None, preflight: bool):
+        from assets.materialize import build_runner
+        from pipeline.definitions import build_resources, defs
+        from pipeline.jobs import STORM_JOB
+
+        self.job = defs.resolve_job_def(STORM_JOB)
+        self.runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
+        self.instance = instance
+        self.progress = progress
+        self.on_result = on_result
+        self.preflight = preflight
+        self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+        self.runs: list[PartitionRun] = []
+        self.current: dict[str, list[Checkpoint]] = {}  # per key: heads of the leading phases that would skip
+
+    @property
+    def ledger_down(self) -> bool:
+        return bool(self.runs) and self.runs[-1].ledger_down
+
+    def part(self, key: str) -> PartitionRef:
+        return PartitionRef.parse(key, self.runner.regions)
+
+    def report(self, run: PartitionRun) -> None:
+        self.runs.append(run)
+        if self.progress:
+            self.progress.finished(run)
+        if self.on_result:
+            self.on_result(run)
+
+    def sort_out(self, keys: list[str]) -> list[str]:
+        """The keys with work to do; a partition whose every phase would skip is reported here,
+        with no run launched (its skips recorded)."""
+        todo: list[str] = []
+        for key in keys:
+            start = time.monotonic()
+            self.current[key] = self.runner.current_heads(self.part(key)) if self.preflight else []
+            if len(self.current[key]) < len(PHASES):
+                todo.append(key)
+                continue
+            self.runner.record_skips(self.current[key])
+            self.report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
+                                     phases={p.name: "SKIPPED" for p in PHASES}))
+        return todo
+
+    def single(self, key: str) -> None:
+        """One run for one partition, from its first phase with work."""
+        start = time.monotonic()
+        if self.progress:
+            self.progress.starting(key)
+        part = self.part(key)
+        current = self.current.pop(key, None)
+        if current is None:
+            current = self.runner.current_heads(part) if self.preflight else []
+        self.runner.record_skips(current)
+        if len(current) < len(PHASES):
+            self.runner.prefetch(PHASES[len(current)], part)
+        try:
+            run = run_partition(self.job, self.instance, key, tags=self.tags, first=len(current))
+        except Exception as exc:  # Dagster's storage failing under the run
+            if not _db_down(exc):
+                raise
+            run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
+                               error="PostgreSQL unreachable (ledger and Dagster storage); "
+                                     "start it again, then re-run the same command to resume",
+                               error_class="LedgerUnavailable")
+        self.report(run)
+
+    def ranged(self, group: list[str]) -> None:
+        """One run over a key range; its unfinished partitions then run alone, for their own error."""
+        if self.progress:
+            self.progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
+        # The range starts at the earliest phase any of its partitions needs; the phases
+        # before it are current for all of them (their skips recorded here, not in a step).
+        start_at = min(len(self.current[k]) for k in group)
+        for key in group:
+            self.runner.record_skips(self.current.pop(key)[:start_at])
+        # The run's first step reads its first partition's inputs: start that read now, so
+        # it overlaps the run's start-up (the step prefetches each next partition itself).
+        self.runner.prefetch(PHASES[start_at], self.part(group[0]))
+        try:
+            runs = run_range(self.job, self.instance, self.runner.ledger, group, tags=self.tags,
+                             on_done=self.report, first=start_at)
+        except Exception as exc:
+            if not _db_down(exc):
+                raise
+            runs = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
+        for run in runs:
+            if run.ok:
+                continue
+            if self.ledger_down:
+                break
+            self.single(run.key)
+
+    def launch(self, keys: list[str], max_per_run: int) -> list[PartitionRun]:
+        from assets.partitions import PARTITIONS
+
+        todo = self.sort_out(keys)
+        for group in contiguous_groups(todo, PARTITIONS.get_partition_keys(), max(1, max_per_run)):
+            if self.ledger_down:
+                break
+            if len(group) == 1:
+                self.single(group[0])
+            else:
+                self.ranged(group)
+        return self.runs
 
 
 def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
@@ -259,99 +389,11 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     skip launch no run at all, and a run starts at the first phase that some partition of its
     range still needs (a resumed batch does not step through its finished phases again).
     """
-    from assets.materialize import build_runner
-    from assets.partitions import PARTITIONS
-    from assets.runner import PartitionRef
-    from pipeline.definitions import build_resources, defs
-    from pipeline.jobs import STORM_JOB
-    from resources.ledger import Checkpoint
-
-    job = defs.resolve_job_def(STORM_JOB)
-    runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
-    runs: list[PartitionRun] = []
-    try:
-        instance = dg.DagsterInstance.get()
-        # dagster-postgres opens a new connection per storage call by default (NullPool); a
-        # CLI process running many runs back to back keeps a small pool instead.
-        dagster_compat.pool_storage_connections(instance, max_overflow=4)
-    except Exception as exc:
-        if _db_down(exc):
-            raise LedgerUnavailable(
-                "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
-            ) from exc
-        raise
-    tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
-
-    def report(run: PartitionRun) -> None:
-        runs.append(run)
-        if progress:
-            progress.finished(run)
-        if on_result:
-            on_result(run)
-
-    def single(key: str, current: list[Checkpoint] | None = None) -> PartitionRun:
-        """One run for one partition, from its first phase with work (``current``: its preflight)."""
-        start = time.monotonic()
-        if progress:
-            progress.starting(key)
-        part = PartitionRef.parse(key, runner.regions)
-        if current is None:
-            current = runner.current_heads(part) if preflight else []
-        runner.record_skips(current)
-        if len(current) < len(PHASES):
-            runner.prefetch(PHASES[len(current)], part)
-        try:
-            return run_partition(job, instance, key, tags=tags, first=len(current))
-        except Exception as exc:  # Dagster's storage failing under the run
-            if not _db_down(exc):
-                raise
-            return PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
-                                error="PostgreSQL unreachable (ledger and Dagster storage); "
-                                      "start it again, then re-run the same command to resume",
-                                error_class="LedgerUnavailable")
-
+    instance = _open_instance()
     with instance:
         reap_dead_cli_runs(instance)
-        todo: list[str] = []
-        current: dict[str, list[Checkpoint]] = {}  # per key: heads of the leading phases that would skip
-        for key in keys:
-            start = time.monotonic()
-            current[key] = runner.current_heads(PartitionRef.parse(key, runner.regions)) if preflight else []
-            if len(current[key]) == len(PHASES):
-                # Every phase is already done for these inputs: no run to launch.
-                runner.record_skips(current[key])
-                report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
-                                    phases={p.name: "SKIPPED" for p in PHASES}))
-            else:
-                todo.append(key)
-        for group in contiguous_groups(todo, PARTITIONS.get_partition_keys(), max(1, max_per_run)):
-            if runs and runs[-1].ledger_down:
-                break  # every later partition would fail the same way
-            if len(group) == 1:
-                report(single(group[0], current[group[0]]))
-                continue
-            if progress:
-                progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
-            # The range starts at the earliest phase any of its partitions needs; the phases
-            # before it are current for all of them (their skips recorded here, not in a step).
-            start_at = min(len(current[k]) for k in group)
-            for key in group:
-                runner.record_skips(current[key][:start_at])
-            # The run's first step reads its first partition's inputs: start that read now, so
-            # it overlaps the run's start-up (the step prefetches each next partition itself).
-            runner.prefetch(PHASES[start_at], PartitionRef.parse(group[0], runner.regions))
-            try:
-                ranged = run_range(job, instance, group, tags=tags, on_done=report, first=start_at)
-            except Exception as exc:
-                if not _db_down(exc):
-                    raise
-                ranged = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
-            for run in ranged:
-                if run.ok:
-                    continue
-                if runs and runs[-1].ledger_down:
-                    break
-                report(single(run.key))  # unfinished in the range run: alone, for its own error
+        launcher = PartitionLauncher(instance, progress=progress, on_result=on_result, preflight=preflight)
+        runs = launcher.launch(keys, max_per_run)
     if progress:
         progress.close()
     return runs

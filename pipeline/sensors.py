@@ -121,7 +121,7 @@ def _load_map(cursor: str | None) -> dict[str, str]:
 def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
     from assets.materialize import build_runner
-    from assets.runner import PartitionRef
+    from assets.context import PartitionRef
 
     seen = _load_map(context.cursor)
     regions = landing.regions()

@@ -46,6 +46,8 @@ from resources.errors import (
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK = 7_406_001  # advisory lock id serialising migrations between processes
 T = TypeVar("T")
+#: (phase, partition_key, status, delivered artifact ids) -> None
+OutcomeWatcher = Callable[[str, str, str, tuple[str, ...]], None]
 
 _TRANSIENT = (
     psycopg.OperationalError,  # connection refused / lost, server shutting down
@@ -233,6 +235,23 @@ class Ledger:
         self._open_lock = threading.Lock()
         # Sessions that held a lease and released it; a lease still dies with its process.
         self._lease_conns: list[psycopg.Connection] = []
+        self._watchers: list[OutcomeWatcher] = []
+
+    # ---- outcomes, as they happen in this process ----------------------------------------
+    @contextlib.contextmanager
+    def watching(self, watcher: OutcomeWatcher) -> Iterator[None]:
+        """Tell ``watcher`` of every phase outcome this process records while the block runs
+        (the CLI's progress display follows a multi-partition run this way)."""
+        self._watchers.append(watcher)
+        try:
+            yield
+        finally:
+            self._watchers.remove(watcher)
+
+    def tell_watchers(self, phase: str, partition_key: str, status: str, delivered: tuple[str, ...] = ()) -> None:
+        """Called by the phase runner after each outcome: COMPLETED, SKIPPED or FAILED."""
+        for watcher in list(self._watchers):
+            watcher(phase, partition_key, status, delivered)
 
     # ---- plumbing ---------------------------------------------------------------------
     def _ensure_open(self) -> None:

@@ -1,0 +1,122 @@
+"""What a phase's compute function sees: its partition, its pinned inputs and recorded calls.
+
+A phase module defines ``compute(ctx: PhaseContext) -> PhaseOutput`` and optionally
+``grade(ctx, out) -> Iterable[Check]``; the runner (:mod:`assets.runner`) does the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pyarrow as pa
+
+from assets.checks import Check
+from assets.hashing import hash_json
+from assets.phases import LAST_READER, TABLE_PHASE, Phase
+from resources import faults
+from resources.errors import ConfigError, StormlakeError
+from resources.keys import split_partition_key
+from resources.publisher import Artifact
+from resources.settings import Region
+
+if TYPE_CHECKING:
+    from assets.runner import PhaseRunner
+    from resources.landing import Landing
+    from resources.ledger import Checkpoint, Claim, Ledger
+
+
+class UpstreamNotReady(StormlakeError):
+    """An earlier phase of the partition has no COMPLETED checkpoint yet."""
+
+
+class UpstreamOutdated(UpstreamNotReady):
+    """An earlier phase's COMPLETED checkpoint was made by another schema or code version of it."""
+
+
+class UndeclaredRead(StormlakeError):
+    """A phase read a table its :class:`Phase` does not declare among its inputs (a code error)."""
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    key: str  # Dagster's multi-partition key: 'YYYY-MM-DD|region_id'
+    day: str
+    region: Region
+
+    @classmethod
+    def parse(cls, key: str, regions: dict[str, Region]) -> PartitionRef:
+        day, region_id = split_partition_key(key)
+        if region_id not in regions:
+            raise ConfigError(f"partition {key!r}: unknown region {region_id!r} (see the region file)")
+        return cls(key=key, day=day, region=regions[region_id])
+
+
+@dataclass
+class PhaseOutput:
+    tables: dict[str, pa.Table]
+    figures: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[Artifact] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
+class PhaseContext:
+    """What a phase's compute function may touch: pinned upstream reads and recorded calls."""
+
+    def __init__(self, runner: PhaseRunner, phase: Phase, part: PartitionRef, upstream: dict[str, Checkpoint],
+                 claim: Claim | None):
+        self.runner = runner
+        self.phase = phase
+        self.partition = part
+        self.upstream = upstream
+        self.claim = claim
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.runner.ledger
+
+    @property
+    def landing(self) -> Landing:
+        return self.runner.landing
+
+    @property
+    def known_regions(self) -> list[str]:
+        return sorted(self.runner.regions)
+
+    def read(self, table: str) -> pd.DataFrame:
+        return self.read_arrow(table).to_pandas()
+
+    def read_arrow(self, table: str) -> pa.Table:
+        """Read this partition of ``table`` at the version its producer's checkpoint pinned."""
+        if table not in self.phase.input_tables:
+            raise UndeclaredRead(f"{self.phase.name} reads {table}, which is not among its declared inputs"
+                                 f" ({', '.join(self.phase.input_tables) or 'none'}; see assets/phases.py)")
+        owner = TABLE_PHASE[table]
+        cp = self.upstream.get(owner)
+        if cp is None:
+            raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
+        version = cp.summary["delta_versions"][table]
+        return self.runner.lake.read_partition(table, self.partition.region.region_id, self.partition.day,
+                                               version=version, last_use=LAST_READER[table] == self.phase.name)
+
+    def fault_point(self) -> None:
+        """Called by a compute function halfway through its work (fault-injection point)."""
+        faults.check("mid_transform", phase=self.phase.name, partition_key=self.partition.key)
+
+    def call(self, kind: str, name: str, input: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Make an outside call once per checkpoint: a retried attempt gets the recorded output."""
+        assert self.claim is not None
+        key = f"{kind}:{name}:{hash_json(input)[:16]}"
+        if key in self.claim.recorded:
+            self.runner.log(f"{self.phase.name}: {kind} {name} answered from the record")
+            return dict(self.claim.recorded[key], replayed=True)
+        output = fn()
+        self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
+        faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
+        return output
+
+
+Compute = Callable[[PhaseContext], PhaseOutput]
+Grader = Callable[[PhaseContext, PhaseOutput], Iterable[Check]]
