@@ -11,7 +11,6 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 from __future__ import annotations
 
 import datetime as dt
-import io
 import os
 import tempfile
 from collections import Counter
@@ -21,6 +20,7 @@ from typing import Any
 
 from assets.phases import PHASES, TIER_LABELS
 from assets.transforms.pages import page_environment
+from assets.transforms.render import figure_png_matplotlib, new_figure
 from pipeline.status import views
 from resources.ledger import Ledger
 from resources.ledger_views import (
@@ -37,6 +37,7 @@ from resources.ledger_views import (
 
 PHASE_NAMES = tuple(p.name for p in PHASES)
 LAST_TIER = len(PHASES)
+PICTURE_DPI = 100
 TIER_COLORS = {0: "#bdbdbd", 1: "#d9f0d3", 2: "#a6dba0", 3: "#5aae61", 4: "#1b7837"}
 TIER_TEXT = {0: "#222", 1: "#222", 2: "#222", 3: "#fff", 4: "#fff"}
 STATUS_COLORS = {"COMPLETED": "#41ab5d", "PENDING": "#f4a331", "FAILED": "#d7191c", "NONE": "#e6e6e6"}
@@ -114,18 +115,10 @@ def collect(ledger: Ledger) -> ReportData:
 
 
 # ---- pictures ---------------------------------------------------------------------------------
-def _new_figure(width: float, height: float):  # -> (Figure, FigureCanvasAgg)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    return fig, FigureCanvasAgg(fig)
-
-
-def _png(fig, canvas) -> bytes:  # type: ignore[no-untyped-def]
-    buf = io.BytesIO()
-    canvas.print_png(buf, metadata={"Software": None})
-    return buf.getvalue()
+def _hide_top_right(ax) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Leave the axes open at the top and right."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
 
 
 def _day_axis(days: set[str]) -> list[str]:
@@ -238,8 +231,7 @@ def _label_axes(ax, g: HeatGrid, width: float, height: float) -> None:  # noqa: 
     ax.set_xticks(range(0, nd, xstep), [g.columns[i] for i in range(0, nd, xstep)], rotation=60, ha="right",
                   rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(0, nr, ystep), [g.regions[i] for i in range(0, nr, ystep)], fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _hide_top_right(ax)
     ax.set_xlabel("day" if g.unit == "day" else "week (from Monday)")
     ax.set_ylabel("region")
     ax.set_title("Where every batch stands: tier reached per (day, region)" if g.unit == "day" else
@@ -272,12 +264,12 @@ def heatmap_png(data: ReportData) -> bytes:
     nr, nd = g.tiers.shape
     width = min(18.0, max(7.5, 2.8 + nd * 0.32))
     height = min(14.0, max(2.6, 1.6 + nr * 0.3))
-    fig, canvas = _new_figure(width, height)
+    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
     ax = fig.add_subplot()
     _draw_cells(ax, g, width, height)
     _label_axes(ax, g, width, height)
     _heat_legend(fig)
-    return _png(fig, canvas)
+    return figure_png_matplotlib(canvas)
 
 
 def _stall_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
@@ -327,8 +319,7 @@ def _stall_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Ax
     ax.set_ylim(0, max(total, max(retried, default=0), 1) * 1.12)
     ax.set_title("Where batches stall: head checkpoint per phase", loc="left", fontsize=11)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _hide_top_right(ax)
 
 
 def _duration_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
@@ -363,17 +354,16 @@ def _duration_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib
         ax.set_xticks([])
     ax.set_yticks(y, PHASE_NAMES, fontsize=9)
     ax.set_title("Where time goes: duration of an attempt per phase", loc="left", fontsize=11)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _hide_top_right(ax)
 
 
 def phases_png(data: ReportData) -> bytes:
     """Left: where batches stall (heads per phase by status). Right: where time goes (attempt times)."""
-    fig, canvas = _new_figure(12.0, 4.8)
+    fig, canvas = new_figure((12.0, 4.8), dpi=PICTURE_DPI, layout="constrained")
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1.25, 1])
     _stall_bars(ax, data)
     _duration_bars(ax2, data)
-    return _png(fig, canvas)
+    return figure_png_matplotlib(canvas)
 
 
 # ---- html -------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ tables behind it into the three published files of contract section 6.
 Artifacts are byte-for-byte deterministic for the same inputs (their sha256 is the artifact id
 and a re-run with unchanged inputs must deliver nothing): no clock, no random ids, no version
 stamps; rows are sorted before use; floats are rounded to fixed decimals; JSON is written with
-sorted keys and fixed separators. The pictures come from :mod:`assets.transforms.render`.
+sorted keys and fixed separators. The pictures come from :mod:`assets.transforms.render`; the
+page is ``templates/report.html.j2``, rendered through :mod:`assets.transforms.pages`.
 
 Definitions (documented here because the contract leaves them open):
 
@@ -28,15 +29,16 @@ Definitions (documented here because the contract leaves them open):
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import html
+import functools
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import h3
+import jinja2
 import pandas as pd
 import pyarrow as pa
 
@@ -48,6 +50,7 @@ from assets.schemas import (
     REGION_DAY_SUMMARY,
     STORM_CLUSTERS,
 )
+from assets.transforms.pages import html_escaped, page_environment
 from assets.transforms.render import render_hourly_png, render_map_png
 from resources.settings import Region
 
@@ -180,66 +183,102 @@ def summarize(
     cell_hour = _conform(cell_hour, CELL_HOUR_STATS, "cell_hour_stats")
     cell_risk = _conform(cell_risk, CELL_RISK, "cell_risk")
     clusters = _conform(clusters, STORM_CLUSTERS, "storm_clusters")
-    customers = _conform(customers, CUSTOMERS_REF, "customers_ref")
-    # The snapshot is per partition, but filter anyway so a multi-region frame cannot inflate it.
-    if "region_id" in customers.columns and customers["region_id"].notna().any():
-        customers = customers[customers["region_id"] == region.region_id]
-
-    n = len(enriched)
-    customers_out = int(enriched["customers_out"].sum()) if n else 0
-    served = int(customers["customers"].sum()) if len(customers) else 0
-    affected_pct = customers_out / served * 100.0 if served > 0 else 0.0
-
-    peak_hour: int | None = None
-    if n:
-        counts = enriched["hour"].astype(int).value_counts()
-        peak_hour = int(counts[counts == counts.max()].index.min())
-
-    gusts = pd.concat([cell_hour["gust_ms"], enriched["gust_ms"]]).astype(float)
-    rain = cell_hour["rain_mm"].astype(float)
-    restored = _restored_mask(enriched, day) if n else pd.Series([], dtype=bool)
-    backlog = enriched[~restored] if n else enriched
-
-    median_min: float | None = None
-    if n and restored.any():
-        done = enriched[restored]
-        minutes = done["restoration_min"].astype(float)
-        computed = (_utc(done["restored_at"]) - _utc(done["reported_at"])).dt.total_seconds() / 60.0
-        median_min = float(minutes.fillna(computed).median())
-
+    customers = _region_customers(_conform(customers, CUSTOMERS_REF, "customers_ref"), region)
     row = {
         "region_id": region.region_id,
         "day": day,
+        **_impact(enriched, customers),
+        "clusters": len(clusters),
+        **_weather(enriched, cell_hour),
+        **_restoration(enriched, day),
+        "quarantined_rows": int(quarantined_rows),
+        "max_risk": _max(cell_risk["risk"]),
+        "top_feeders": json.dumps(_top_feeders(enriched), sort_keys=True, separators=(",", ":")),
+    }
+    return _summary_frame(row)
+
+
+def _region_customers(customers: pd.DataFrame, region: Region) -> pd.DataFrame:
+    """The reference rows of ``region``: the snapshot is per partition, but a multi-region frame
+    must not inflate the customers served."""
+    if "region_id" in customers.columns and customers["region_id"].notna().any():
+        return customers[customers["region_id"] == region.region_id]
+    return customers
+
+
+def _impact(enriched: pd.DataFrame, customers: pd.DataFrame) -> dict[str, Any]:
+    """The outages and customers out, against the customers the region serves; the cells and the
+    peak hour they fell in."""
+    n = len(enriched)
+    customers_out = int(enriched["customers_out"].sum()) if n else 0
+    served = int(customers["customers"].sum()) if len(customers) else 0
+    return {
         "outages": n,
         "customers_out": customers_out,
         "customers_served": served,
-        "affected_pct": float(affected_pct),
+        "affected_pct": float(customers_out / served * 100.0 if served > 0 else 0.0),
         "cells_affected": int(enriched["cell_id"].nunique()) if n else 0,
-        "clusters": len(clusters),
-        "peak_hour": peak_hour,
-        "max_gust_ms": _opt_float(gusts.max()) if gusts.notna().any() else None,
+        "peak_hour": _peak_hour(enriched),
+    }
+
+
+def _peak_hour(enriched: pd.DataFrame) -> int | None:
+    """The UTC hour with the most outages reported, the earliest on a tie; None without outages."""
+    if not len(enriched):
+        return None
+    counts = enriched["hour"].astype(int).value_counts()
+    return int(counts[counts == counts.max()].index.min())
+
+
+def _weather(enriched: pd.DataFrame, cell_hour: pd.DataFrame) -> dict[str, Any]:
+    """The strongest gust (cell-hours and outages) and the rain summed over the cell-hours."""
+    rain = cell_hour["rain_mm"].astype(float)
+    return {
+        "max_gust_ms": _max(pd.concat([cell_hour["gust_ms"], enriched["gust_ms"]]).astype(float)),
         "total_rain_mm": float(rain.sum()) if rain.notna().any() else None,
+    }
+
+
+def _max(values: pd.Series) -> float | None:
+    """The largest non-null value, None when there is none."""
+    return _opt_float(values.max()) if values.notna().any() else None
+
+
+def _restoration(enriched: pd.DataFrame, day: str) -> dict[str, Any]:
+    """The outages restored by the end of the day, the backlog left open, and the median time to
+    restore."""
+    n = len(enriched)
+    restored = _restored_mask(enriched, day) if n else pd.Series([], dtype=bool)
+    backlog = enriched[~restored] if n else enriched
+    return {
         "restored": int(restored.sum()) if n else 0,
         "backlog": len(backlog),
         "backlog_customers": int(backlog["customers_out"].sum()) if len(backlog) else 0,
-        "median_restoration_min": median_min,
-        "quarantined_rows": int(quarantined_rows),
-        "max_risk": _opt_float(cell_risk["risk"].max()) if cell_risk["risk"].notna().any() else None,
-        "top_feeders": json.dumps(_top_feeders(enriched), sort_keys=True, separators=(",", ":")),
+        "median_restoration_min": _median_minutes(enriched[restored]) if n and restored.any() else None,
     }
+
+
+def _median_minutes(done: pd.DataFrame) -> float:
+    """Median ``restoration_min`` of restored outages, ``restored_at - reported_at`` where it is null."""
+    minutes = done["restoration_min"].astype(float)
+    computed = (_utc(done["restored_at"]) - _utc(done["reported_at"])).dt.total_seconds() / 60.0
+    return float(minutes.fillna(computed).median())
+
+
+def _summary_frame(row: dict[str, Any]) -> pd.DataFrame:
+    """``row`` as a one-row frame with the columns of ``REGION_DAY_SUMMARY`` in order, in nullable
+    dtypes so that a missing value stays null (not NaN-in-object) through Arrow."""
     out = pd.DataFrame([row], columns=REGION_DAY_SUMMARY.names)
-    # Nullable dtypes so a missing value stays null (not NaN-in-object) through Arrow.
     out = out.astype(
         {f.name: f.type.to_pandas_dtype() for f in REGION_DAY_SUMMARY if pa.types.is_floating(f.type)}
     )
-    out = out.astype(
+    return out.astype(
         {
             f.name: "Int64" if f.type == pa.int64() else "Int32"
             for f in REGION_DAY_SUMMARY
             if pa.types.is_integer(f.type)
         }
     )
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -300,14 +339,18 @@ def _region_json(region: Region) -> dict[str, Any]:
     }
 
 
+def _feeder_ranking(summary: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary row's ``top_feeders``, decoded."""
+    return json.loads(str(summary.iloc[0]["top_feeders"]) or "[]")
+
+
 def _summary_json(region: Region, day: str, summary: pd.DataFrame, clusters: pd.DataFrame) -> bytes:
-    feeders = json.loads(str(summary.iloc[0]["top_feeders"]) or "[]")
     doc = {
         "region": _region_json(region),
         "day": day,
         "summary": _figures(summary),
         "clusters": _cluster_records(clusters),
-        "top_feeders": feeders,
+        "top_feeders": _feeder_ranking(summary),
     }
     return _dumps(doc, indent=2)
 
@@ -365,99 +408,84 @@ def _clusters_geojson(region: Region, day: str, clusters: pd.DataFrame) -> bytes
 
 # ---- report.html ------------------------------------------------------------------------
 
-_CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f4f5f7;color:#1c1e21}
-main{max-width:960px;margin:0 auto;padding:24px}
-h1{font-size:1.6em;margin:0 0 4px}h2{font-size:1.2em;margin:28px 0 8px;border-bottom:1px solid #d0d4da;padding-bottom:4px}
-.sub{color:#555;margin:0 0 16px}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:10px}
-.card{background:#fff;border:1px solid #d0d4da;border-radius:6px;padding:10px 12px}
-.card .v{font-size:1.35em;font-weight:600}.card .k{color:#555;font-size:.85em}
-figure{background:#fff;border:1px solid #d0d4da;border-radius:6px;margin:12px 0;padding:8px}
-figure img{max-width:100%;height:auto;display:block;margin:0 auto}
-figcaption{color:#555;font-size:.85em;margin-top:4px}
-table{border-collapse:collapse;width:100%;background:#fff;font-size:.9em}
-th,td{border:1px solid #d0d4da;padding:4px 8px;text-align:left}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
-th{background:#e9ecf0}.empty{color:#555;font-style:italic}
-footer{color:#777;font-size:.8em;margin-top:32px}
-"""
+
+@dataclass(frozen=True)
+class _OpenOutage:
+    """An outage still open when the day closed, as the report's backlog table lists it."""
+
+    event_id: str
+    reported: str  # HH:MM UTC
+    cell_id: str
+    feeder_id: str  # "—" when the cell has no known feeder
+    cause: str
+    customers_out: int
+    hours_open: float  # at midnight UTC
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+@dataclass(frozen=True)
+class _Backlog:
+    """The largest open outages at the end of the day, and the count and customers of the rest."""
+
+    listed: list[_OpenOutage]
+    more: int
+    more_customers: int
 
 
-def _fmt_int(value: Any) -> str:
-    v = _opt_int(value)
-    return "—" if v is None else f"{v:,}"
-
-
-def _fmt_float(value: Any, decimals: int = 1, unit: str = "") -> str:
-    v = _rnd(value, decimals)
-    return "—" if v is None else f"{v:,.{decimals}f}{unit}"
-
-
-def _fmt_hour(value: Any) -> str:
-    v = _opt_int(value)
-    return "—" if v is None else f"{v:02d}:00 UTC"
-
-
-def _deg(value: float, pos: str, neg: str) -> str:
-    """A latitude/longitude as ``29.2° N`` / ``90.6° W``."""
-    return f"{abs(value):.2f}° {pos if value >= 0 else neg}"
-
-
-def _table(headers: list[tuple[str, bool]], rows: list[list[str]], empty: str) -> str:
-    """An HTML table; ``headers`` are (label, numeric); cells are already escaped."""
-    if not rows:
-        return f'<p class="empty">{_e(empty)}</p>'
-    head = "".join(f'<th class="n">{_e(h)}</th>' if num else f"<th>{_e(h)}</th>" for h, num in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="n">{c}</td>' if num else f"<td>{c}</td>"
-            for c, (_, num) in zip(r, headers, strict=True)
-        )
-        + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
-
-
-def _backlog_rows(enriched: pd.DataFrame, day: str) -> tuple[list[list[str]], int, int]:
-    """Largest open outages at the end of the day; returns (rows, not-listed count, their customers)."""
-    if enriched.empty:
-        return [], 0, 0
-    open_ = enriched[~_restored_mask(enriched, day)].copy()
+def _backlog(enriched: pd.DataFrame, day: str) -> _Backlog:
+    """The outages open at the end of the day, largest first (then earliest, then by id)."""
+    open_ = enriched[~_restored_mask(enriched, day)].copy() if len(enriched) else enriched
     if open_.empty:
-        return [], 0, 0
+        return _Backlog([], 0, 0)
     open_["reported_utc"] = _utc(open_["reported_at"])
     open_ = open_.sort_values(
         ["customers_out", "reported_utc", "event_id"], ascending=[False, True, True], kind="mergesort"
     )
     end = _day_end(day)
-    rows = []
-    for r in open_.head(BACKLOG_ROWS).itertuples(index=False):
-        hours_open = (end - r.reported_utc).total_seconds() / 3600.0
-        rows.append(
-            [
-                _e(r.event_id),
-                _e(r.reported_utc.strftime("%H:%M")),
-                _e(r.cell_id),
-                _e(r.feeder_id if isinstance(r.feeder_id, str) else "—"),
-                _e(r.cause),
-                _fmt_int(r.customers_out),
-                _fmt_float(hours_open, 1),
-            ]
+    listed = [
+        _OpenOutage(
+            event_id=r.event_id,
+            reported=r.reported_utc.strftime("%H:%M"),
+            cell_id=r.cell_id,
+            feeder_id=r.feeder_id if isinstance(r.feeder_id, str) else "—",
+            cause=r.cause,
+            customers_out=r.customers_out,
+            hours_open=(end - r.reported_utc).total_seconds() / 3600.0,
         )
+        for r in open_.head(BACKLOG_ROWS).itertuples(index=False)
+    ]
     rest = open_.iloc[BACKLOG_ROWS:]
-    return rows, len(rest), int(rest["customers_out"].sum()) if len(rest) else 0
+    return _Backlog(listed, len(rest), int(rest["customers_out"].sum()) if len(rest) else 0)
+
+
+def _integer(value: Any) -> str:
+    """A count with thousands separators; a dash for null."""
+    v = _opt_int(value)
+    return "—" if v is None else f"{v:,}"
+
+
+def _decimal(value: Any, decimals: int = 1, unit: str = "") -> str:
+    """A figure rounded to ``decimals``, with thousands separators and ``unit``; a dash for null."""
+    v = _rnd(value, decimals)
+    return "—" if v is None else f"{v:,.{decimals}f}{unit}"
+
+
+def _hour(value: Any) -> str:
+    """An hour of the day as ``05:00 UTC``; a dash for null."""
+    v = _opt_int(value)
+    return "—" if v is None else f"{v:02d}:00 UTC"
+
+
+def _degrees(value: float, pos: str, neg: str) -> str:
+    """A latitude/longitude as ``29.2° N`` / ``90.6° W``."""
+    return f"{abs(value):.2f}° {pos if value >= 0 else neg}"
+
+
+@functools.cache
+def _report_template() -> jinja2.Template:
+    """``templates/report.html.j2``, with the page's number formats as filters; made once a process."""
+    env = page_environment("assets.transforms", finalize=html_escaped)
+    env.filters.update(integer=_integer, decimal=_decimal, hour=_hour, degrees=_degrees)
+    return env.get_template("report.html.j2")
 
 
 def _report_html(
@@ -469,114 +497,17 @@ def _report_html(
     map_png: bytes,
     hourly_png: bytes,
 ) -> bytes:
-    fig = _figures(summary)
-    feeders = json.loads(str(summary.iloc[0]["top_feeders"]) or "[]")
-    cards = [
-        ("Outages", _fmt_int(fig["outages"])),
-        ("Customers out", _fmt_int(fig["customers_out"])),
-        ("Share of customers affected", _fmt_float(fig["affected_pct"], 2, " %")),
-        ("Customers served", _fmt_int(fig["customers_served"])),
-        ("Cells affected", _fmt_int(fig["cells_affected"])),
-        ("Storm clusters", _fmt_int(fig["clusters"])),
-        ("Peak hour", _fmt_hour(fig["peak_hour"])),
-        ("Max wind gust", _fmt_float(fig["max_gust_ms"], 1, " m/s")),
-        ("Rain (sum over cell-hours)", _fmt_float(fig["total_rain_mm"], 1, " mm")),
-        ("Restored by midnight", _fmt_int(fig["restored"])),
-        ("Backlog at midnight", _fmt_int(fig["backlog"])),
-        ("Backlog customers", _fmt_int(fig["backlog_customers"])),
-        ("Median restoration", _fmt_float(fig["median_restoration_min"], 0, " min")),
-        ("Max cell risk", _fmt_float(fig["max_risk"], 2)),
-        ("Quarantined input rows", _fmt_int(fig["quarantined_rows"])),
-    ]
-    cards_html = "".join(
-        f'<div class="card"><div class="v">{_e(v)}</div><div class="k">{_e(k)}</div></div>' for k, v in cards
+    """The report page: the day's figures, the two pictures, and the clusters, feeders and backlog."""
+    page = _report_template().render(
+        region=region,
+        day=day,
+        figures=_figures(summary),
+        clusters=_cluster_records(clusters),
+        feeders=_feeder_ranking(summary),
+        backlog=_backlog(enriched, day),
+        map_png=map_png,
+        hourly_png=hourly_png,
     )
-
-    cluster_rows = [
-        [
-            _e(f"C{c['cluster_id']}"),
-            _fmt_int(c["cell_count"]),
-            _fmt_int(c["outages"]),
-            _fmt_int(c["customers_out"]),
-            _e(_fmt_hour(c["peak_hour"])),
-            _fmt_float(c["max_gust_ms"], 1),
-            _fmt_float(c["mean_risk"], 2),
-            _e(f"{c['center']['lat']:.4f}, {c['center']['lon']:.4f}"),
-        ]
-        for c in _cluster_records(clusters)
-    ]
-    clusters_tbl = _table(
-        [
-            ("Cluster", False),
-            ("Cells", True),
-            ("Outages", True),
-            ("Customers out", True),
-            ("Peak hour", False),
-            ("Max gust (m/s)", True),
-            ("Mean risk", True),
-            ("Centre (lat, lon)", False),
-        ],
-        cluster_rows,
-        "No storm clusters were found for this day.",
-    )
-    feeder_rows = [
-        [_e(f["feeder_id"]), _fmt_int(f["outages"]), _fmt_int(f["customers_out"])] for f in feeders
-    ]
-    feeders_tbl = _table(
-        [("Feeder", False), ("Outages", True), ("Customers out", True)],
-        feeder_rows,
-        "No outages on known feeders.",
-    )
-    b_rows, b_more, b_more_cust = _backlog_rows(enriched, day)
-    backlog_tbl = _table(
-        [
-            ("Event", False),
-            ("Reported (UTC)", False),
-            ("Cell", False),
-            ("Feeder", False),
-            ("Cause", False),
-            ("Customers out", True),
-            ("Hours open at midnight", True),
-        ],
-        b_rows,
-        "Every outage of the day was restored by midnight UTC.",
-    )
-    if b_more:
-        backlog_tbl += f'<p class="sub">…and {b_more:,} more open outages with {b_more_cust:,} customers.</p>'
-
-    title = f"Storm outage report — {region.name}, {day}"
-    box = f"{_deg(region.min_lat, 'N', 'S')} – {_deg(region.max_lat, 'N', 'S')}, {_deg(region.min_lon, 'E', 'W')} – {_deg(region.max_lon, 'E', 'W')}"
-    page = f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(title)}</title>
-<style>{_CSS}</style>
-</head>
-<body>
-<main>
-<h1>{_e(title)}</h1>
-<p class="sub">Region <code>{_e(region.region_id)}</code> · box {_e(box)} · all times UTC</p>
-<section class="cards">{cards_html}</section>
-<h2>Where: risk by cell</h2>
-<figure>{_img(map_png, f"Map of {region.name} cells coloured by outage risk with storm clusters outlined")}
-<figcaption>Each hexagon is an H3 resolution-7 cell, coloured by its risk score (0–1). Outlined areas are storm clusters, labelled as in the table below; the dashed frame is the region box.</figcaption></figure>
-<h2>When: outages per hour</h2>
-<figure>{_img(hourly_png, "Outages reported per hour with the maximum wind gust")}
-<figcaption>Bars: outages reported in each UTC hour. Line: strongest gust measured at any affected cell in that hour.</figcaption></figure>
-<h2>Storm clusters</h2>
-{clusters_tbl}
-<h2>Top feeders by customers out</h2>
-{feeders_tbl}
-<h2>Restoration backlog at midnight UTC</h2>
-<p class="sub">{_e(_fmt_int(fig["backlog"]))} outages with {_e(_fmt_int(fig["backlog_customers"]))} customers were still open when the day closed; the largest are listed.</p>
-{backlog_tbl}
-<footer>stormlake · present phase · region-day {_e(region.region_id)}/{_e(day)}</footer>
-</main>
-</body>
-</html>
-"""
     return page.encode("utf-8")
 
 

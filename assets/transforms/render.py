@@ -1,6 +1,7 @@
-"""Deterministic matplotlib drawings for the present phase's report.
+"""Deterministic matplotlib drawings for the present phase's report, and the figure and PNG helpers
+of every picture in the project (:func:`new_figure`, :func:`figure_png`, :func:`figure_png_matplotlib`).
 
-Every function returns PNG bytes that depend only on its arguments: the figures are drawn with
+The drawings return PNG bytes that depend only on their arguments: the figures are drawn with
 the object-oriented API on an Agg canvas (no pyplot, so no global figure registry), inside a
 style context that resets matplotlib's defaults (a user's ``matplotlibrc`` must not change the
 published bytes), at a fixed size and dpi, and encoded by :func:`encode_png` (no text chunks, so
@@ -18,6 +19,7 @@ give larger files than unfiltered rows).
 from __future__ import annotations
 
 import gc
+import io
 import math
 import struct
 import zlib
@@ -29,11 +31,12 @@ import matplotlib as mpl
 import matplotlib.style as mpl_style
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.axis import YAxis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection, PolyCollection
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
@@ -128,10 +131,32 @@ def encode_png(rgba: np.ndarray, *, dpi: float = DPI, level: int = PNG_ZLIB_LEVE
     ))
 
 
-def _png(canvas: FigureCanvasAgg) -> bytes:
+def new_figure(
+    size: tuple[float, float], *, dpi: float = DPI, layout: str | None = None
+) -> tuple[Figure, FigureCanvasAgg]:
+    """A figure of ``size`` inches on its own Agg canvas: no pyplot, so nothing global keeps it alive
+    and it is safe in any thread. ``layout`` is matplotlib's (``"constrained"``, or None for none)."""
+    fig = Figure(figsize=size, dpi=dpi, layout=layout)
+    return fig, FigureCanvasAgg(fig)
+
+
+def figure_png(canvas: FigureCanvasAgg) -> bytes:
     """Draw the canvas's figure and encode it with :func:`encode_png`."""
     canvas.draw()
     return encode_png(np.asarray(canvas.buffer_rgba()), dpi=canvas.figure.dpi)
+
+
+def figure_png_matplotlib(canvas: FigureCanvasAgg) -> bytes:
+    """Draw the canvas's figure and encode it with matplotlib's own PNG writer (Pillow, adaptive row
+    filters), leaving out its ``Software`` text chunk: the encoding of the report page's pictures."""
+    buf = io.BytesIO()
+    canvas.print_png(buf, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _note(ax: Axes, text: str, *, fontsize: float) -> None:
+    """A grey line of text in the middle of ``ax``, where a picture has nothing to draw."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=fontsize)
 
 
 def _y_axis_px(axis: YAxis, canvas: FigureCanvasAgg) -> float:
@@ -190,37 +215,42 @@ def render_map_png(*, region: Region, day: str, cell_risk: pd.DataFrame, cluster
 
 def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.DataFrame) -> bytes:
     """The body of :func:`render_map_png`: the figure dies when this frame returns (see :func:`_style`)."""
-    fig = Figure(figsize=MAP_SIZE_IN, dpi=DPI)
-    canvas = FigureCanvasAgg(fig)
-    ax = fig.add_axes((0.1, _MAP_BOTTOM, _MAP_RIGHT - 0.1, _MAP_TOP - _MAP_BOTTOM))  # left: fitted below
+    fig, canvas = new_figure(MAP_SIZE_IN)
+    ax = fig.add_axes((0.1, _MAP_BOTTOM, _MAP_RIGHT - 0.1, _MAP_TOP - _MAP_BOTTOM))  # left: fitted in _fit_map
     norm = Normalize(vmin=0.0, vmax=1.0)  # fixed scale so that days compare at a glance
     cmap = mpl.colormaps[RISK_CMAP]
+    extent = _draw_risk_cells(ax, region, cell_risk, norm, cmap)
+    _draw_region_box(ax, region)
+    n_clusters = _draw_cluster_outlines(ax, clusters)
+    _frame_map(ax, region, day, extent)
+    _fit_map(ax, canvas)
+    _risk_colorbar(fig, ax, norm, cmap)
+    _map_legend(ax, n_clusters)
+    return figure_png(canvas)
 
+
+def _draw_risk_cells(
+    ax: Axes, region: Region, cell_risk: pd.DataFrame, norm: Normalize, cmap: Colormap
+) -> tuple[float, float, float, float]:
+    """The cells as hexagons coloured by risk (a note when there are none); returns the extent to
+    show, (xmin, xmax, ymin, ymax): the region's box, widened to the cells that straddle its edge."""
     cells = cell_risk.sort_values("cell_id", kind="mergesort") if len(cell_risk) else cell_risk
     xmin, xmax, ymin, ymax = region.min_lon, region.max_lon, region.min_lat, region.max_lat
-    if len(cells):
-        verts = _cell_polygons(cells["cell_id"].tolist())
-        risk = cells["risk"].astype(float).fillna(0.0).to_numpy()
-        coll = PolyCollection(
-            verts, array=risk, cmap=cmap, norm=norm, edgecolors="#ffffff", linewidths=0.15
-        )
-        ax.add_collection(coll, autolim=False)  # limits are set once below, not per patch
-        allv = verts.reshape(-1, 2) if isinstance(verts, np.ndarray) else np.concatenate(verts)
-        # Cells straddling the box edge poke out a little; keep them in view.
-        xmin, xmax = min(xmin, float(allv[:, 0].min())), max(xmax, float(allv[:, 0].max()))
-        ymin, ymax = min(ymin, float(allv[:, 1].min())), max(ymax, float(allv[:, 1].max()))
-    else:
-        ax.text(
-            0.5,
-            0.5,
-            "No cell data for this day",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            color="#555555",
-            fontsize=12,
-        )
+    if not len(cells):
+        _note(ax, "No cell data for this day", fontsize=12)
+        return xmin, xmax, ymin, ymax
+    verts = _cell_polygons(cells["cell_id"].tolist())
+    risk = cells["risk"].astype(float).fillna(0.0).to_numpy()
+    coll = PolyCollection(verts, array=risk, cmap=cmap, norm=norm, edgecolors="#ffffff", linewidths=0.15)
+    ax.add_collection(coll, autolim=False)  # limits are set once by _frame_map, not per patch
+    allv = verts.reshape(-1, 2) if isinstance(verts, np.ndarray) else np.concatenate(verts)
+    xmin, xmax = min(xmin, float(allv[:, 0].min())), max(xmax, float(allv[:, 0].max()))
+    ymin, ymax = min(ymin, float(allv[:, 1].min())), max(ymax, float(allv[:, 1].max()))
+    return xmin, xmax, ymin, ymax
 
+
+def _draw_region_box(ax: Axes, region: Region) -> None:
+    """The region's box, dashed."""
     ax.add_patch(
         Rectangle(
             (region.min_lon, region.min_lat),
@@ -233,13 +263,16 @@ def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.Da
         )
     )
 
+
+def _draw_cluster_outlines(ax: Axes, clusters: pd.DataFrame) -> int:
+    """Each storm cluster outlined and labelled ``C<id>`` just above its outline, not on its centre,
+    so that small clusters stay visible. Returns the number of clusters."""
     ordered = clusters.sort_values("cluster_id", kind="mergesort") if len(clusters) else clusters
     rings: list[np.ndarray] = []
     labels: list[tuple[str, float, float]] = []
     for row in ordered.itertuples(index=False):
         own = _outline_rings(list(row.cell_ids if row.cell_ids is not None else []))
         rings.extend(own)
-        # Label just above the outline, not on the centre, so small clusters stay visible.
         top = max(float(r[:, 1].max()) for r in own) if own else float(row.center_lat)
         labels.append((f"C{int(row.cluster_id)}", float(row.center_lon), top))
     if rings:
@@ -260,11 +293,16 @@ def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.Da
             zorder=4,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": OUTLINE, "lw": 0.8, "alpha": 0.9},
         )
+    return len(ordered)
 
+
+def _frame_map(ax: Axes, region: Region, day: str, extent: tuple[float, float, float, float]) -> None:
+    """Limits a little wider than ``extent``, equal ground distances on both axes at the region's
+    latitude, the axis labels, the title and a light grid."""
+    xmin, xmax, ymin, ymax = extent
     pad_x, pad_y = (xmax - xmin) * 0.02, (ymax - ymin) * 0.02
     ax.set_xlim(xmin - pad_x, xmax + pad_x)
     ax.set_ylim(ymin - pad_y, ymax + pad_y)
-    # Equal ground distances on both axes at the region's latitude.
     mid_lat = (region.min_lat + region.max_lat) / 2.0
     ax.set_aspect(1.0 / max(math.cos(math.radians(mid_lat)), 0.01))
     ax.set_xlabel("Longitude (°)")
@@ -274,26 +312,35 @@ def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.Da
     ax.grid(True, linewidth=0.3, color="#bbbbbb", zorder=0)
     ax.set_axisbelow(True)
 
-    # The aspect shrinks the axes inside its box; the y ticks (measured) follow the drawn height.
+
+def _fit_map(ax: Axes, canvas: FigureCanvasAgg) -> None:
+    """Leave the y axis the room its tick labels need. The aspect shrinks the axes inside its box,
+    so the ticks are measured for the height the map is drawn at."""
     ax.apply_aspect()
     left = _y_axis_px(ax.yaxis, canvas) / (MAP_SIZE_IN[0] * DPI)
     ax.set_position((left, _MAP_BOTTOM, _MAP_RIGHT - left, _MAP_TOP - _MAP_BOTTOM))
     ax.apply_aspect()
-    # The colorbar stands next to the map as drawn.
+
+
+def _risk_colorbar(fig: Figure, ax: Axes, norm: Normalize, cmap: Colormap) -> None:
+    """The risk scale next to the map as drawn: shorter than the map, but readable next to the flat
+    map of a wide region."""
     box = ax.get_position()
-    # Shorter than the map, but readable next to the flat map of a wide region.
     height = min(max(box.height * _MAP_CBAR_SHRINK, _MAP_CBAR_MIN), _MAP_TOP - _MAP_BOTTOM)
     cax = fig.add_axes(
         (box.x1 + _MAP_CBAR_PAD, box.y0 + (box.height - height) / 2, _MAP_CBAR_WIDTH, height)
     )
     cbar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
     cbar.set_label("Risk (0 = none, 1 = highest)")
+
+
+def _map_legend(ax: Axes, n_clusters: int) -> None:
+    """What the outlines and the dashed frame are."""
     handles = [
-        Line2D([], [], color=OUTLINE, linewidth=1.6, label=f"Storm cluster ({len(ordered)})"),
+        Line2D([], [], color=OUTLINE, linewidth=1.6, label=f"Storm cluster ({n_clusters})"),
         Line2D([], [], color="#444444", linewidth=0.9, linestyle="--", label="Region box"),
     ]
     ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
-    return _png(canvas)
 
 
 def render_hourly_png(*, region: Region, day: str, enriched: pd.DataFrame, cell_hour: pd.DataFrame) -> bytes:
@@ -333,8 +380,7 @@ def render_hourly_png(*, region: Region, day: str, enriched: pd.DataFrame, cell_
 def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray) -> bytes:
     """The body of :func:`render_hourly_png` (24 counts, 24 gusts); the figure dies with this frame."""
     hours = np.arange(24)
-    fig = Figure(figsize=HOURLY_SIZE_IN, dpi=DPI)
-    canvas = FigureCanvasAgg(fig)
+    fig, canvas = new_figure(HOURLY_SIZE_IN)
     ax = fig.add_axes((0.1, _HOURLY_BOTTOM, 0.8, _HOURLY_TOP - _HOURLY_BOTTOM))  # sides: fitted below
     # One collection for the 24 bars (``Axes.bar`` makes, adds and draws a patch per bar).
     bars = np.zeros((24, 4, 2))
@@ -362,17 +408,8 @@ def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray)
         handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False
     )
     if not counts.any():
-        ax.text(
-            0.5,
-            0.5,
-            "No outages reported",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            color="#555555",
-            fontsize=11,
-        )
+        _note(ax, "No outages reported", fontsize=11)
     width = HOURLY_SIZE_IN[0] * DPI
     left, right = _y_axis_px(ax.yaxis, canvas) / width, 1.0 - _y_axis_px(ax2.yaxis, canvas) / width
     ax.set_position((left, _HOURLY_BOTTOM, right - left, _HOURLY_TOP - _HOURLY_BOTTOM))  # ax2 follows
-    return _png(canvas)
+    return figure_png(canvas)
