@@ -26,6 +26,7 @@ from assets.phases import Phase
 from assets.runner import Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.errors import StormlakeError
+from resources.keys import partition_key
 from resources.lake import Lake, LakeResource
 from resources.landing import LandingResource
 from resources.ledger_resource import LedgerResource
@@ -190,14 +191,29 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
                       ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
                       publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
     """Run ``phase`` for every partition of the step; one materialization per table and partition."""
+    runner, outcomes, failures = _run_step(context, phase, compute, grader, ledger=ledger, lake=lake,
+                                           landing=landing, publisher=publisher)
+    if failures:
+        yield from _fail_step(phase, failures)
+    assert runner is not None
+    yield from _materializations(context, phase, outcomes, runner.lake)
+    yield _grader_result(phase, outcomes)
+
+
+def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,
+              **resources: Any) -> tuple[PhaseRunner | None, list[Outcome], list[tuple[str, StormlakeError]]]:
+    """Run the phase for the step's partitions, in order, reading each next one ahead.
+
+    A transient error (the ledger unreachable) fails the step at once, for Dagster's retry; any
+    other error of one partition of a range is kept, and the other partitions go on.
+    """
     keys = context.partition_keys
     outcomes: list[Outcome] = []
     failures: list[tuple[str, StormlakeError]] = []
     runner: PhaseRunner | None = None
     try:
-        runner = build_runner(context, ledger=ledger, lake=lake, landing=landing, publisher=publisher)
-        regions = runner.regions
-        parts = [PartitionRef.parse("{}|{}".format(*split_key(key)), regions) for key in keys]
+        runner = build_runner(context, **resources)
+        parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
         for i, (key, part) in enumerate(zip(keys, parts, strict=True)):
             if i + 1 < len(parts):
                 runner.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
@@ -211,40 +227,51 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         if exc.transient:
             raise
         failures.append((keys[0] if len(keys) == 1 else "?", exc))
-    if failures:
-        key, exc = failures[0]
-        message = f"{phase.name} of {key} failed: {exc}"
-        if len(failures) > 1:
-            message += f" (and {len(failures) - 1} more partitions of this run)"
-        if any(e.__class__.__name__ == "GraderError" for _, e in failures):
-            yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=grader_key(phase),
-                                      severity=dg.AssetCheckSeverity.ERROR, description=message)
-        raise dg.Failure(description=message, allow_retries=False,
-                         metadata={"error_class": exc.__class__.__name__,
-                                   "failed_partitions": dg.MetadataValue.json([k for k, _ in failures])}) from exc
+    return runner, outcomes, failures
 
-    assert runner is not None
+
+def _fail_step(phase: Phase, failures: list[tuple[str, StormlakeError]]) -> Iterator[dg.AssetCheckResult]:
+    """Fail the step with the first error (and the grader's check, when a grader failed)."""
+    key, exc = failures[0]
+    message = f"{phase.name} of {key} failed: {exc}"
+    if len(failures) > 1:
+        message += f" (and {len(failures) - 1} more partitions of this run)"
+    if any(e.__class__.__name__ == "GraderError" for _, e in failures):
+        yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=grader_key(phase),
+                                  severity=dg.AssetCheckSeverity.ERROR, description=message)
+    raise dg.Failure(description=message, allow_retries=False,
+                     metadata={"error_class": exc.__class__.__name__,
+                               "failed_partitions": dg.MetadataValue.json([k for k, _ in failures])}) from exc
+
+
+def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes: list[Outcome],
+                      lake: Lake) -> Iterator[dg.MaterializeResult]:
+    """One materialization per table; for a key range, each partition's metadata on its own."""
     if len(outcomes) == 1:
         outcome = outcomes[0]
         phase_meta = outcome_metadata(outcome)
         for table in phase.tables:
-            yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, runner.lake, phase_meta),
+            yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, lake, phase_meta),
                                        data_version=dg.DataVersion(table_version(outcome, table)))
-    else:
-        # A key range: each partition's materialization of each table carries its own outcome
-        # (status, hashes, versions, rows, deliveries). Dagster takes one data version per asset
-        # and step, so a range's partitions get Dagster's own (code and input versions); the
-        # table's content hash is in the metadata.
-        phase_metas = [outcome_metadata(o) for o in outcomes]
-        for table in phase.tables:
-            for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True):
-                context.add_asset_metadata(table_metadata(outcome, table, runner.lake, phase_meta),
-                                           asset_key=table, partition_key=key)
-            yield dg.MaterializeResult(asset_key=table, metadata={
-                "partitions": len(outcomes),
-                "completed": sum(o.status == "COMPLETED" for o in outcomes),
-                "skipped": sum(o.status == "SKIPPED" for o in outcomes),
-            })
+        return
+    # A key range: each partition's materialization of each table carries its own outcome
+    # (status, hashes, versions, rows, deliveries). Dagster takes one data version per asset
+    # and step, so a range's partitions get Dagster's own (code and input versions); the
+    # table's content hash is in the metadata.
+    phase_metas = [outcome_metadata(o) for o in outcomes]
+    for table in phase.tables:
+        for key, outcome, phase_meta in zip(context.partition_keys, outcomes, phase_metas, strict=True):
+            context.add_asset_metadata(table_metadata(outcome, table, lake, phase_meta),
+                                       asset_key=table, partition_key=key)
+        yield dg.MaterializeResult(asset_key=table, metadata={
+            "partitions": len(outcomes),
+            "completed": sum(o.status == "COMPLETED" for o in outcomes),
+            "skipped": sum(o.status == "SKIPPED" for o in outcomes),
+        })
+
+
+def _grader_result(phase: Phase, outcomes: list[Outcome]) -> dg.AssetCheckResult:
+    """The phase's grader check over the step's partitions (a skip: the checks its checkpoint recorded)."""
     checks: list[Check] = []
     for o in outcomes:
         if o.status == "SKIPPED":  # the grader passed when the checkpoint was committed
@@ -252,7 +279,7 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
             checks.extend(Check(name, bool(ok), "recorded in the checkpoint") for name, ok in recorded.items())
         else:
             checks.extend(o.checks)
-    yield dg.AssetCheckResult(
+    return dg.AssetCheckResult(
         check_name="grader",
         asset_key=grader_key(phase),
         passed=all(c.passed for c in checks),

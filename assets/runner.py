@@ -32,22 +32,27 @@ from resources.errors import GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
+from resources.memory import keep_freed_memory
 from resources.publisher import Artifact, Target
 from resources.settings import Region
 
 Log = Callable[[str], None]
 
 
-def freeze_startup_heap() -> None:
-    """Move what the process holds before its first phase (Dagster, its definitions, the
-    imported libraries) out of the garbage collector's sight, once per process.
+def prepare_process() -> None:
+    """Ready this process for phases, once, before its first phase allocates.
 
-    Those objects live as long as the process; without this every full collection triggered by
-    a phase's allocations walks all of them again (``gc.freeze``). Objects made afterwards are
-    collected as usual. A process that froze once (``gc.get_freeze_count()``) is left as it is,
-    so the partitions' own objects are never frozen.
+    - The allocator keeps freed memory for the next partition (:mod:`resources.memory`).
+    - What the process holds already (Dagster, its definitions, the imported libraries) moves
+      out of the garbage collector's sight (``gc.freeze``): those objects live as long as the
+      process, and without this every full collection triggered by a phase's allocations walks
+      all of them again. Objects made afterwards are collected as usual.
+
+    A process that froze once (``gc.get_freeze_count()``) is left as it is, so the partitions'
+    own objects are never frozen.
     """
     if gc.get_freeze_count() == 0:
+        keep_freed_memory()
         gc.freeze()
 _log = logging.getLogger("stormlake.runner")
 
@@ -93,7 +98,7 @@ class PhaseRunner:
         self.run_id = run_id
         self.log: Log = log or (lambda _msg: None)
         self.lease_timeout_s = lease_timeout_s
-        freeze_startup_heap()
+        prepare_process()
 
     # ---- 1. input hash -----------------------------------------------------------------
     def upstream(self, phase: Phase, part: PartitionRef) -> tuple[dict[str, Checkpoint], Checkpoint | None]:

@@ -66,14 +66,14 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
     }
 
 
+# One multi-asset per phase (its tables), in protocol order, each pointing at its source code.
 # ``with_source_code_references`` and the code reference values it attaches are beta; the
 # references are deliberate (each table links to its phase's function in the UI).
-warnings.filterwarnings("ignore", category=dg.BetaWarning,
-                        message=r".*`(with_source_code_references|LocalFileCodeReference|CodeReferencesMetadataValue)`")
-# One multi-asset per phase (its tables), in protocol order, each pointing at its source code.
-PHASE_ASSETS = list(dg.with_source_code_references(
-    [ingested_batch, enriched_outages, storm_correlation, operational_picture]))
-SOURCE_ASSETS = list(dg.with_source_code_references([landing_files]))  # observed, never materialized
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    PHASE_ASSETS = list(dg.with_source_code_references(
+        [ingested_batch, enriched_outages, storm_correlation, operational_picture]))
+    SOURCE_ASSETS = list(dg.with_source_code_references([landing_files]))  # observed, never materialized
 
 defs = dg.Definitions(
     assets=[*SOURCE_ASSETS, *PHASE_ASSETS],

@@ -16,9 +16,11 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import dagster as dg
 import pyarrow as pa
@@ -33,23 +35,9 @@ from resources.errors import LakeError
 APP_KEY = "stormlake.app_id"
 SEQ_KEY = "stormlake.seq"
 
-# Tables known to exist (per process): a Lake object is rebuilt in every step.
-_CREATED: set[str] = set()
-# Partitions this process wrote or read recently, by (table uri, region, day, version): a later
-# phase of the same run reads them back at exactly that version, so they are served from memory
-# instead of a Parquet scan (a resumed run reads an upstream table from disk once, not once per
-# phase that needs it). A pinned version never changes, so an entry never goes stale. Least
-# recently used first out, within a byte budget.
-_CACHE: OrderedDict[tuple[str, str, str, int], pa.Table] = OrderedDict()
-_CACHE_BYTES = [0]
-CACHE_BUDGET_BYTES = 768 * 1024 * 1024
-# Reads started ahead of need (Lake.prefetch), by the same key; one background reader per process.
-_INFLIGHT: dict[tuple[str, str, str, int], Future[None]] = {}
-_LOCK = threading.Lock()
-_PREFETCHER: list[ThreadPoolExecutor] = []
-
-
 PREFETCH_NICE = 10
+CACHE_BUDGET_BYTES = 768 * 1024 * 1024
+CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
 
 
 def _background_priority() -> None:
@@ -66,11 +54,105 @@ def _background_priority() -> None:
         pass
 
 
-def _prefetcher() -> ThreadPoolExecutor:
-    if not _PREFETCHER:
-        _PREFETCHER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-prefetch",
-                                              initializer=_background_priority))
-    return _PREFETCHER[0]
+class PartitionCache:
+    """Partitions this process wrote or read recently, by (table uri, region, day, version).
+
+    A later phase of the same run reads them back at exactly that version, so they are served
+    from memory instead of a Parquet scan (a resumed run reads an upstream table from disk once,
+    not once per phase that needs it). A pinned version never changes, so an entry never goes
+    stale. Least recently used first out, within a byte budget. It also holds the reads started
+    ahead of need (:meth:`Lake.prefetch`, one background reader) and the tables known to exist.
+
+    One cache serves the whole process (:meth:`shared`): Dagster builds a new :class:`Lake` for
+    every step, and the partitions a step wrote are read by the next step of the same run.
+    """
+
+    _shared: ClassVar[tuple[int, PartitionCache] | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, budget_bytes: int = CACHE_BUDGET_BYTES):
+        self.budget_bytes = budget_bytes
+        self.nbytes = 0
+        self.known_tables: set[str] = set()
+        self._tables: OrderedDict[CacheKey, pa.Table] = OrderedDict()
+        self._inflight: dict[CacheKey, Future[None]] = {}
+        self._lock = threading.Lock()
+        self._reader: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def shared(cls) -> PartitionCache:
+        """This process's cache (a forked child gets its own)."""
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared[0] != os.getpid():
+                cls._shared = (os.getpid(), cls())
+            return cls._shared[1]
+
+    def __contains__(self, key: CacheKey) -> bool:
+        with self._lock:
+            return key in self._tables
+
+    def peek(self, key: CacheKey) -> pa.Table | None:
+        with self._lock:
+            return self._tables.get(key)
+
+    @property
+    def reads_in_flight(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def take(self, key: CacheKey, *, last_use: bool) -> pa.Table | None:
+        """The cached partition, after any read of it in flight; removed when this is its last use."""
+        with self._lock:
+            pending = self._inflight.get(key)
+        if pending is not None:
+            pending.exception()  # wait for the prefetch; if it failed, the caller's read says why
+        with self._lock:
+            if last_use:
+                cached = self._tables.pop(key, None)
+                if cached is not None:
+                    self.nbytes -= cached.nbytes
+                return cached
+            cached = self._tables.get(key)
+            if cached is not None:
+                self._tables.move_to_end(key)
+            return cached
+
+    def remember(self, key: CacheKey, data: pa.Table) -> None:
+        """Keep a partition, evicting the least recently used over budget."""
+        with self._lock:
+            old = self._tables.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            if data.nbytes > self.budget_bytes:
+                return
+            self._tables[key] = data
+            self.nbytes += data.nbytes
+            while self._tables and self.nbytes > self.budget_bytes:
+                _, evicted = self._tables.popitem(last=False)
+                self.nbytes -= evicted.nbytes
+
+    def read_ahead(self, key: CacheKey, read: Callable[[], pa.Table]) -> None:
+        """Run ``read`` on the background reader and keep its result, unless the partition is
+        here already or being read."""
+        with self._lock:
+            if key in self._tables or key in self._inflight:
+                return
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-prefetch",
+                                                  initializer=_background_priority)
+            self._inflight[key] = self._reader.submit(self._read_ahead, key, read)
+
+    def _read_ahead(self, key: CacheKey, read: Callable[[], pa.Table]) -> None:
+        try:
+            self.remember(key, read())
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tables.clear()
+            self.nbytes = 0
 
 
 @dataclass(frozen=True)
@@ -92,8 +174,10 @@ def _sql_str(value: str) -> str:
 class Lake:
     """Access to the lake's tables by name."""
 
-    def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str]):
+    def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str],
+                 cache: PartitionCache | None = None):
         self.root = root
+        self.cache = cache if cache is not None else PartitionCache.shared()
         self.schemas = schemas
         self.partition_by = partition_by
         # One log handle per table for row_count, moved from version to version.
@@ -105,7 +189,7 @@ class Lake:
     def ensure_table(self, table: str) -> None:
         """Create the table (empty, partitioned) unless it exists; safe against a creation race."""
         uri = self.uri(table)
-        if uri in _CREATED:
+        if uri in self.cache.known_tables:
             return
         if "://" not in uri:
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +205,7 @@ class Lake:
                 if attempt == 4:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
                 time.sleep(0.1 * (attempt + 1))
-        _CREATED.add(uri)
+        self.cache.known_tables.add(uri)
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
@@ -146,18 +230,12 @@ class Lake:
         process cache (memory handed back for the next allocations instead of fresh pages).
         """
         key = (self.uri(table), region_id, day, version)
-        with _LOCK:
-            pending = _INFLIGHT.get(key)
-        if pending is not None:
-            pending.exception()  # wait for the prefetch; if it failed, the read below says why
-        with _LOCK:
-            cached = _take(key, last_use)
+        cached = self.cache.take(key, last_use=last_use)
         if cached is not None:
             return cached
         out = self._scan(table, region_id, day, version)
         if not last_use:
-            with _LOCK:
-                _remember(key, out)
+            self.cache.remember(key, out)
         return out
 
     def prefetch(self, table: str, region_id: str, day: str, *, version: int) -> None:
@@ -168,20 +246,8 @@ class Lake:
         in memory already or being read.
         """
         key = (self.uri(table), region_id, day, version)
-        with _LOCK:
-            if key in _CACHE or key in _INFLIGHT:
-                return
-            _INFLIGHT[key] = _prefetcher().submit(self._prefetched, key, table, region_id, day, version)
-
-    def _prefetched(self, key: tuple[str, str, str, int], table: str, region_id: str, day: str,
-                    version: int) -> None:
-        try:
-            out = self._scan(table, region_id, day, version, threads=False)  # one core: the phase has the other
-            with _LOCK:
-                _remember(key, out)
-        finally:
-            with _LOCK:
-                _INFLIGHT.pop(key, None)
+        # Single-threaded: on a machine with few cores the phase computing meanwhile has the rest.
+        self.cache.read_ahead(key, lambda: self._scan(table, region_id, day, version, threads=False))
 
     def _scan(self, table: str, region_id: str, day: str, version: int, *, threads: bool = True) -> pa.Table:
         dt = self.table(table, version)
@@ -255,8 +321,7 @@ class Lake:
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
             if keep:
-                with _LOCK:
-                    _remember((self.uri(table), region_id, day, version), data)
+                self.cache.remember((self.uri(table), region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
@@ -299,37 +364,6 @@ def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:
         if name not in data.column_names:
             data = data.append_column(name, pa.repeat(pa.scalar(value, pa.string()), data.num_rows))
     return data
-
-
-def _take(key: tuple[str, str, str, int], last_use: bool) -> pa.Table | None:
-    """The cached partition (removed when this is its last use); call with ``_LOCK`` held."""
-    if last_use:
-        cached = _CACHE.pop(key, None)
-        if cached is not None:
-            _CACHE_BYTES[0] -= cached.nbytes
-        return cached
-    cached = _CACHE.get(key)
-    if cached is not None:
-        _CACHE.move_to_end(key)
-    return cached
-
-
-def _remember(key: tuple[str, str, str, int], data: pa.Table) -> None:
-    """Keep a partition in the process cache, evicting the least recently used over budget.
-
-    Call with ``_LOCK`` held.
-    """
-    old = _CACHE.pop(key, None)
-    if old is not None:
-        _CACHE_BYTES[0] -= old.nbytes
-    size = data.nbytes
-    if size > CACHE_BUDGET_BYTES:
-        return
-    _CACHE[key] = data
-    _CACHE_BYTES[0] += size
-    while _CACHE and _CACHE_BYTES[0] > CACHE_BUDGET_BYTES:
-        _, evicted = _CACHE.popitem(last=False)
-        _CACHE_BYTES[0] -= evicted.nbytes
 
 
 # ---- Dagster resource --------------------------------------------------------------------

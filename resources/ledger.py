@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -237,6 +237,34 @@ class Ledger:
         self._lease_conns: list[psycopg.Connection] = []
         self._watchers: list[OutcomeWatcher] = []
 
+    # ---- one ledger per process and DSN -------------------------------------------------
+    _shared: ClassVar[dict[tuple[int, str], Ledger]] = {}
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def shared(cls, dsn: str) -> Ledger:
+        """This process's ledger for ``dsn`` (one pool per process), migrated on first use."""
+        try:
+            psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError:
+            raise ConfigError("the ledger DSN (STORMLAKE_PG_DSN) is not a valid PostgreSQL connection string") from None
+        key = (os.getpid(), dsn)
+        with cls._shared_lock:
+            ledger = cls._shared.get(key)
+            if ledger is None:
+                ledger = cls(dsn)
+                ledger.migrate()
+                cls._shared[key] = ledger
+            return ledger
+
+    @classmethod
+    def close_shared(cls, match: Callable[[str], bool] = lambda _dsn: True) -> None:
+        """Close and forget this process's shared ledgers whose DSN ``match`` accepts (a database
+        about to be dropped, say)."""
+        with cls._shared_lock:
+            for key in [k for k in cls._shared if match(k[1])]:
+                cls._shared.pop(key).close()
+
     # ---- outcomes, as they happen in this process ----------------------------------------
     @contextlib.contextmanager
     def watching(self, watcher: OutcomeWatcher) -> Iterator[None]:
@@ -412,82 +440,91 @@ class Ledger:
         )
         conn.execute("SELECT pg_notify('stormlake_events', %s)", (f"{cp.partition_key}|{cp.phase}|{status}",))
 
+    # The head of a (partition, phase) is found by the attempt's identity, its idempotency key
+    # (partition, phase, input hash), which names at most one live checkpoint (a unique index).
+    # It is current, and the phase skips, when it is COMPLETED at the phase's schema version.
+
     def look(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
              schema_version: int, code_version: str, run_id: str | None) -> Decision:
-        """Whether the phase would skip: a cheap look before taking the lease (no lock, no write)."""
-        return self._decide(partition_key=partition_key, region_id=region_id, day=day, phase=phase,
-                            input_hash=input_hash, schema_version=schema_version, code_version=code_version,
-                            run_id=run_id, claim=False)
+        """Whether the phase would skip: a cheap look before taking the lease (no lock, no write).
 
-    def claim(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
-              schema_version: int, code_version: str, run_id: str | None) -> Decision:
-        """Under the lease: record a skip when the phase is current, else claim the attempt (a new
-        fencing token in ``Decision.claim``)."""
-        return self._decide(partition_key=partition_key, region_id=region_id, day=day, phase=phase,
-                            input_hash=input_hash, schema_version=schema_version, code_version=code_version,
-                            run_id=run_id, claim=True)
-
-    def _decide(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
-                schema_version: int, code_version: str, run_id: str | None, claim: bool) -> Decision:
-        """Skip when the head is COMPLETED for this input hash and schema version; else claim.
-
-        The head is found by the attempt's identity, its idempotency key (partition, phase, input
-        hash), which names at most one live checkpoint (a unique index). With ``claim=False``
-        only the skip test is made (a cheap look before taking the lease): one index lookup by
-        key, and the (partition, phase) head only when no live row has the key. With
-        ``claim=True`` the (partition, phase) head is locked, since it is the row a new input
-        hash supersedes, and it is this attempt's own when it carries the key. A skip is
-        recorded as a SKIPPED event; the COMPLETED checkpoint itself is untouched.
+        One index lookup by key, and the (partition, phase) head only when no live row has the key.
         """
         key = idempotency_key(partition_key, phase, input_hash)
 
         def txn(conn: psycopg.Connection) -> Decision:
-            if claim:
-                head = self._head_txn(conn, partition_key, phase, lock=True)
-                own = head if head is not None and head.idempotency_key == key else None
-            else:
-                own = head = self._live_txn(conn, key)
+            own = self._live_txn(conn, key)
             if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
-                if claim:
-                    self._event_txn(conn, own, "SKIPPED", run_id)
                 return Decision(skip=True, head=own)
-            if not claim:
-                if head is None:
-                    head = self._head_txn(conn, partition_key, phase, lock=False)
-                return Decision(skip=False, head=head)
-            seq = conn.execute("SELECT nextval('checkpoint_seq')").fetchone()[0]
-            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
-                if own is not None and own.schema_version == schema_version:
-                    # Same work, earlier attempt failed or died: take it over with a new token.
-                    cp = cur.execute(
-                        "UPDATE checkpoints SET status = 'PENDING', seq = %s, attempt = attempt + 1,"
-                        " run_id = %s, error_class = NULL, error_message = NULL, updated_at = now()"
-                        " WHERE id = %s RETURNING *",
-                        (seq, run_id, head.id),
-                    ).fetchone()
-                else:
-                    if head is not None:
-                        conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = %s", (head.id,))
-                    cp = cur.execute(
-                        "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
-                        " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
-                        " VALUES (%(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
-                        " 'PENDING', %(schema)s, %(code)s, %(seq)s, %(seq)s, %(run)s) RETURNING *",
-                        {"partition": partition_key, "region": region_id, "day": day, "phase": phase,
-                         "input_hash": input_hash, "key": key, "schema": schema_version, "code": code_version,
-                         "seq": seq, "run": run_id},
-                    ).fetchone()
-            assert cp is not None
-            recorded = {
-                r[0]: r[1]
-                for r in conn.execute(
-                    "SELECT call_key, output FROM recorded_calls WHERE checkpoint_id = %s", (cp.id,)
-                )
-            }
-            self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
-            return Decision(skip=False, head=cp, claim=Claim(cp, recorded))
+            return Decision(skip=False, head=own or self._head_txn(conn, partition_key, phase, lock=False))
 
-        return self._run(txn, what=f"claim {phase} of {partition_key}", single=not claim)
+        return self._run(txn, what=f"look at {phase} of {partition_key}", single=True)
+
+    def claim(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
+              schema_version: int, code_version: str, run_id: str | None) -> Decision:
+        """Under the lease: record a skip when the phase is current, else claim the attempt (a new
+        fencing token in ``Decision.claim``).
+
+        The (partition, phase) head is locked, since it is the row a new input hash supersedes,
+        and it is this attempt's own when it carries the key. A skip is recorded as a SKIPPED
+        event; the COMPLETED checkpoint itself is untouched. An earlier attempt of the same work
+        (failed or dead) is taken over with a new token; other work supersedes the head.
+        """
+        key = idempotency_key(partition_key, phase, input_hash)
+
+        def txn(conn: psycopg.Connection) -> Decision:
+            head = self._head_txn(conn, partition_key, phase, lock=True)
+            own = head if head is not None and head.idempotency_key == key else None
+            if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
+                self._event_txn(conn, own, "SKIPPED", run_id)
+                return Decision(skip=True, head=own)
+            seq = conn.execute("SELECT nextval('checkpoint_seq')").fetchone()[0]
+            if own is not None and own.schema_version == schema_version:
+                cp = self._take_over_txn(conn, own, seq, run_id)
+            else:
+                cp = self._new_attempt_txn(conn, head, seq, run_id, {
+                    "partition": partition_key, "region": region_id, "day": day, "phase": phase,
+                    "input_hash": input_hash, "key": key, "schema": schema_version, "code": code_version})
+            self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
+            return Decision(skip=False, head=cp, claim=Claim(cp, self._recorded_txn(conn, cp)))
+
+        return self._run(txn, what=f"claim {phase} of {partition_key}")
+
+    @staticmethod
+    def _take_over_txn(conn: psycopg.Connection, own: Checkpoint, seq: int, run_id: str | None) -> Checkpoint:
+        """The same work, whose earlier attempt failed or died: PENDING again under a new token."""
+        with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+            cp = cur.execute(
+                "UPDATE checkpoints SET status = 'PENDING', seq = %(seq)s, attempt = attempt + 1,"
+                " run_id = %(run)s, error_class = NULL, error_message = NULL, updated_at = now()"
+                " WHERE id = %(id)s RETURNING *",
+                {"seq": seq, "run": run_id, "id": own.id},
+            ).fetchone()
+        assert cp is not None
+        return cp
+
+    @staticmethod
+    def _new_attempt_txn(conn: psycopg.Connection, head: Checkpoint | None, seq: int, run_id: str | None,
+                         row: dict[str, Any]) -> Checkpoint:
+        """New work for the (partition, phase): the head (if any) is superseded by a PENDING row."""
+        if head is not None:
+            conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = %(id)s", {"id": head.id})
+        with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+            cp = cur.execute(
+                "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
+                " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
+                " VALUES (%(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
+                " 'PENDING', %(schema)s, %(code)s, %(seq)s, %(seq)s, %(run)s) RETURNING *",
+                {**row, "seq": seq, "run": run_id},
+            ).fetchone()
+        assert cp is not None
+        return cp
+
+    @staticmethod
+    def _recorded_txn(conn: psycopg.Connection, cp: Checkpoint) -> dict[str, Any]:
+        """The outside calls earlier attempts of this checkpoint recorded, by call key."""
+        rows = conn.execute("SELECT call_key, output FROM recorded_calls WHERE checkpoint_id = %(id)s", {"id": cp.id})
+        return {r[0]: r[1] for r in rows}
 
     def record_skip(self, head: Checkpoint, run_id: str | None) -> None:
         """Record that a run found this COMPLETED checkpoint current and did no work."""
@@ -819,21 +856,6 @@ class Ledger:
         return self._run(txn, what="prune ledger history")
 
 
-_LEDGERS: dict[tuple[int, str], Ledger] = {}
-_LEDGERS_LOCK = threading.Lock()
-
-
 def get_ledger(dsn: str) -> Ledger:
     """The process-wide ledger for ``dsn`` (one pool per process), migrated on first use."""
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        raise ConfigError("the ledger DSN (STORMLAKE_PG_DSN) is not a valid PostgreSQL connection string") from None
-    key = (os.getpid(), dsn)
-    with _LEDGERS_LOCK:
-        ledger = _LEDGERS.get(key)
-        if ledger is None:
-            ledger = Ledger(dsn)
-            ledger.migrate()
-            _LEDGERS[key] = ledger
-        return ledger
+    return Ledger.shared(dsn)

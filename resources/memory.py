@@ -31,22 +31,15 @@ SETTINGS = (
 )
 ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
-_DONE: list[bool] = []
-
-
 def keep_freed_memory() -> bool:
-    """Apply :data:`SETTINGS` once per process; True when glibc took them (False elsewhere)."""
-    if _DONE:
-        return _DONE[0]
-    ok = False
-    if sys.platform.startswith("linux") and not any(k in os.environ for k in ENV):
-        try:
-            mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-        except (OSError, AttributeError):  # a C library without mallopt (musl)
-            mallopt = None
-        if mallopt is not None:
-            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-            mallopt.restype = ctypes.c_int
-            ok = all(mallopt(param, value) == 1 for param, value in SETTINGS)
-    _DONE.append(ok)
-    return ok
+    """Apply :data:`SETTINGS`; True when glibc took them (False elsewhere, or when the environment
+    sets glibc's own). The phase runner calls this once per process, before its first phase."""
+    if not sys.platform.startswith("linux") or any(k in os.environ for k in ENV):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # a C library without mallopt (musl)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in SETTINGS)

@@ -44,12 +44,9 @@ def pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield with_database(pg_admin_dsn, name)
-    from resources import ledger as ledger_mod
+    from resources.ledger import Ledger
 
-    for key, led in list(ledger_mod._LEDGERS.items()):
-        if key[1].endswith(name) or f"dbname={name}" in key[1]:
-            led.close()
-            ledger_mod._LEDGERS.pop(key, None)
+    Ledger.close_shared(lambda dsn: dsn.endswith(name) or f"dbname={name}" in dsn)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         for db in (name, f"{name}_dagster"):  # the ledger's, and Dagster's storage next to it
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))

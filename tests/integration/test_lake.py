@@ -10,8 +10,8 @@ import pytest
 
 from assets.phases import TABLE_PHASE
 from assets.schemas import PARTITION_COLUMNS, SCHEMAS
-from resources import lake as lake_mod
-from resources.lake import Lake
+from resources.errors import LakeError
+from resources.lake import Lake, PartitionCache
 
 SCHEMA = SCHEMAS["weather_raw"]
 
@@ -41,9 +41,7 @@ def _scan(lk: Lake, version: int, region: str, day: str) -> pa.Table:
 
 @pytest.fixture()
 def lk(tmp_path: Path) -> Lake:
-    lake_mod._CACHE.clear()
-    lake_mod._CACHE_BYTES[0] = 0
-    return Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS)
+    return Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
 
 
 def test_pinned_reads_from_the_files_equal_deltas_own_scan(lk: Lake) -> None:
@@ -54,8 +52,7 @@ def test_pinned_reads_from_the_files_equal_deltas_own_scan(lk: Lake) -> None:
     a2 = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 40, 30.0),
                                 seq=3, first_seq=3)
     assert a1.written and a2.written and a2.version > a1.version
-    lake_mod._CACHE.clear()  # read from the files, not from what this process wrote
-    lake_mod._CACHE_BYTES[0] = 0
+    lk.cache.clear()  # read from the files, not from what this process wrote
 
     old = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=a1.version)
     new = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=a2.version)
@@ -85,17 +82,17 @@ def test_the_process_cache_keeps_a_partition_until_its_last_reader(lk: Lake) -> 
     data = _rows("gulf_coast", "2026-09-01", 10, 5.0)
     kept = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=1, first_seq=1)
     key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", kept.version)
-    assert key in lake_mod._CACHE
+    assert key in lk.cache
     first = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version)
-    assert first is lake_mod._CACHE[key]  # served from memory, still there for a later reader
+    assert first is lk.cache.peek(key)  # served from memory, still there for a later reader
     last = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version, last_use=True)
-    assert last is first and key not in lake_mod._CACHE and lake_mod._CACHE_BYTES[0] == 0
+    assert last is first and key not in lk.cache and lk.cache.nbytes == 0
     # A table no later phase reads is not kept; a last read from the files is not kept either.
     other = lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 5, 1.0),
                                    seq=2, first_seq=2, keep=False)
-    assert not lake_mod._CACHE
+    assert not lk.cache.nbytes
     again = lk.read_partition("weather_raw", "pine_belt", "2026-09-01", version=other.version, last_use=True)
-    assert again.num_rows == 5 and not lake_mod._CACHE
+    assert again.num_rows == 5 and not lk.cache.nbytes
 
 
 def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
@@ -114,17 +111,17 @@ def test_every_table_a_phase_reads_is_written_by_an_earlier_phase() -> None:
 def test_a_prefetched_partition_is_read_once_in_the_background(lk: Lake) -> None:
     w = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 20, 2.0),
                                seq=1, first_seq=1, keep=False)
-    assert not lake_mod._CACHE
+    assert not lk.cache.nbytes
     lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version)
     lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version)  # already in flight: nothing more
-    assert len(lake_mod._INFLIGHT) <= 1
+    assert lk.cache.reads_in_flight <= 1
     got = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=w.version)  # waits for it
     assert got.equals(_scan(lk, w.version, "gulf_coast", "2026-09-01"))
-    assert not lake_mod._INFLIGHT
+    assert not lk.cache.reads_in_flight
     key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", w.version)
-    assert lake_mod._CACHE[key] is got
+    assert lk.cache.peek(key) is got
     # A prefetch of a version that does not exist fails in the background; the read says why.
     lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
-    with pytest.raises(lake_mod.LakeError, match="version"):
+    with pytest.raises(LakeError, match="version"):
         lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
-    assert not lake_mod._INFLIGHT
+    assert not lk.cache.reads_in_flight

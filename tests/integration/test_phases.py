@@ -143,12 +143,9 @@ def other_pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = with_database(pg_admin_dsn, name)
     yield dsn
-    from resources import ledger as ledger_mod
+    from resources.ledger import Ledger
 
-    for key, led in list(ledger_mod._LEDGERS.items()):
-        if key[1] == dsn:
-            led.close()
-            ledger_mod._LEDGERS.pop(key, None)
+    Ledger.close_shared(lambda shared: shared == dsn)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         for db in (name, f"{name}_dagster"):  # the ledger's, and Dagster's storage next to it
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
