@@ -35,6 +35,7 @@ from pathlib import Path
 import psycopg
 
 from resources import dagster_compat
+from resources.files import write_atomic
 from resources.pgserver import hold_advisory_lock, resolve_dsns
 from resources.settings import Settings
 
@@ -108,9 +109,7 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     text = dagster_yaml(None if has_secret else url)
     target = home / "dagster.yaml"
     if not target.exists() or target.read_text() != text:
-        tmp = target.with_name(f".dagster.yaml.{os.getpid()}.tmp")  # several processes may write at once
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        write_atomic(target, text)
     os.environ["DAGSTER_HOME"] = str(home)
     ensure_pools(dagster_dsn)
     if settings.home.resolve() == (PROJECT_ROOT / ".stormlake").resolve() and is_dg_project(PROJECT_ROOT):
@@ -162,9 +161,7 @@ def write_dotenv(folder: Path, settings: Settings) -> Path:
     ours += [f'{key}="${{{key}:-{quoted(value)}}}"  {DOTENV_MARK}' for key, value in values.items()]
     text = "\n".join([*kept, *([""] if kept else []), *ours]) + "\n"
     if not target.exists() or target.read_text(encoding="utf-8") != text:
-        tmp = target.with_name(f".env.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        write_atomic(target, text)
     return target
 
 

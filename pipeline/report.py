@@ -11,8 +11,6 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 from __future__ import annotations
 
 import datetime as dt
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from assets.phases import PHASES, TIER_LABELS
 from assets.transforms.pages import page_environment
 from assets.transforms.render import figure_png_matplotlib, new_figure
 from pipeline.status import views
+from resources.files import write_atomic
 from resources.ledger import Ledger
 from resources.ledger_views import (
     AttentionRow,
@@ -463,27 +462,9 @@ def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None) -
     """
     out = Path(out)
     page, images = render_report_with_images(ledger)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        with _suppress():
-            os.unlink(tmp)
-        raise
+    write_atomic(out, page, durable=True)
     if images_dir is not None:
         images_dir = Path(images_dir)
         images_dir.mkdir(parents=True, exist_ok=True)
         for name, png in images.items():
             (images_dir / name).write_bytes(png)
-
-
-def _suppress():  # type: ignore[no-untyped-def]
-    import contextlib
-
-    return contextlib.suppress(OSError)

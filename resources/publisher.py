@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
 import random
 import socket
 import time
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 import dagster as dg
 
 from resources.errors import DeliveryExhausted, DeliveryRejected
+from resources.files import write_atomic
 
 CONTENT_TYPES = {
     "summary.json": "application/json",
@@ -76,19 +76,7 @@ class FileTarget:
 
     def deliver(self, artifact: Artifact, *, supersedes: str | None,
                 idempotency_key: str | None = None) -> dict[str, Any]:
-        final = Path(self.ref(artifact))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.{artifact.content_hash[:16]}.tmp")
-        with tmp.open("wb") as fh:
-            fh.write(artifact.data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        dir_fd = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        final = write_atomic(self.ref(artifact), artifact.data, durable=True)
         return {"path": str(final), "bytes": len(artifact.data)}
 
 
