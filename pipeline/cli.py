@@ -330,11 +330,13 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if (proc.returncode not in (0, -signal.SIGTERM, 143) and not stopping) else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stormlake", description="Storm-outage intelligence pipeline on Dagster.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True)
+def _selection_args(parser: argparse.ArgumentParser) -> None:
+    """``--regions`` and ``--days``: which partitions of the landing zone or the ledger."""
+    parser.add_argument("--regions", help="comma-separated region ids")
+    parser.add_argument("--days", help="START..END (inclusive) or one day")
 
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="write a deterministic synthetic storm scenario into the landing zone")
     g.add_argument("--regions", type=int, default=SAMPLE["regions"])
     g.add_argument("--days", type=int, default=SAMPLE["days"])
@@ -343,36 +345,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=SAMPLE["seed"])
     g.set_defaults(fn=cmd_generate)
 
+
+def _add_runs(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("demo", help="generate the sample if needed, run it all, print the status").set_defaults(fn=cmd_demo)
-
     b = sub.add_parser("backfill", help="run partitions of the landing zone through Dagster")
-    b.add_argument("--regions", help="comma-separated region ids")
-    b.add_argument("--days", help="START..END (inclusive) or one day")
+    _selection_args(b)
     b.set_defaults(fn=cmd_backfill)
-
-    s = sub.add_parser("status", help="the ledger's view of every partition")
-    s.add_argument("--json", action="store_true", help="every selected partition in the contract's JSON shape")
-    s.add_argument("--regions", help="comma-separated region ids")
-    s.add_argument("--days", help="START..END (inclusive) or one day")
-    s.add_argument("--tier", type=int, help="only partitions at this tier (0-4)")
-    s.add_argument("--failed", action="store_true", help="only partitions with a FAILED phase")
-    s.add_argument("--limit", type=int, help="at most this many partitions")
-    s.set_defaults(fn=cmd_status)
-
     u = sub.add_parser("ui", help="dg dev (Dagster webserver and daemon) on this instance")
     u.add_argument("--port", type=int, default=3000)
     u.set_defaults(fn=cmd_ui)
 
+
+def _add_views(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("status", help="the ledger's view of every partition")
+    s.add_argument("--json", action="store_true", help="every selected partition in the contract's JSON shape")
+    _selection_args(s)
+    s.add_argument("--tier", type=int, help="only partitions at this tier (0-4)")
+    s.add_argument("--failed", action="store_true", help="only partitions with a FAILED phase")
+    s.add_argument("--limit", type=int, help="at most this many partitions")
+    s.set_defaults(fn=cmd_status)
     r = sub.add_parser("report", help="one HTML page on where every batch stands")
     r.add_argument("--out", default=None)
     r.set_defaults(fn=cmd_report)
 
-    pr = sub.add_parser("prune", help="remove ledger history past the window")
-    pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
-    pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",
-                    help="first day of the backfill window whose receipts are always kept (default STORMLAKE_FIRST_DAY)")
-    pr.set_defaults(fn=cmd_prune)
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     be = sub.add_parser("bench", help="benchmark: bare transforms vs the pipeline vs a re-run")
     be.add_argument("--json", action="store_true")
     be.add_argument("--partitions", type=int, default=8)
@@ -386,14 +383,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)
 
+
+def _add_operations(sub: argparse._SubParsersAction) -> None:
+    pr = sub.add_parser("prune", help="remove ledger history past the window")
+    pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
+    pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",
+                    help="first day of the backfill window whose receipts are always kept (default STORMLAKE_FIRST_DAY)")
+    pr.set_defaults(fn=cmd_prune)
     d = sub.add_parser("db", help="the embedded PostgreSQL server")
     d.add_argument("action", choices=["start", "stop", "status"])
     d.set_defaults(fn=cmd_db)
-
     e = sub.add_parser("env", help="print the exports that point Dagster's own CLI at this instance")
     e.add_argument("--dotenv", action="store_true",
                    help="instead, write them as defaults into ./.env, which dg and dagster read in this folder")
     e.set_defaults(fn=cmd_env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stormlake", description="Storm-outage intelligence pipeline on Dagster.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_runs, _add_views, _add_bench, _add_operations):
+        add(sub)
     return p
 
 

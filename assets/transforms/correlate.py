@@ -25,6 +25,8 @@ adjacency (``grid_disk(k=1)``) form a cluster when there are at least 3 of them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import h3
 import numpy as np
 import pandas as pd
@@ -182,46 +184,14 @@ def correlate_storm(enriched: pd.DataFrame, weather: pd.DataFrame, customers: pd
     cells = _universe(enriched, customers, terrain, region)
     if len(cells) == 0:
         return stats, empty_frame(CELL_RISK), empty_frame(STORM_CLUSTERS)
-    per_cell = enriched.groupby("cell_id", sort=True).agg(
-        outages=("event_id", "size"), customers_out=("customers_out", "sum"), cell_customers=("cell_customers", "max"),
-    ).reindex(cells)
-    outages = per_cell["outages"].fillna(0).to_numpy().astype(np.int64)
-    cust_out = per_cell["customers_out"].fillna(0).to_numpy().astype(np.int64)
-    feeders = feeder_table(customers).reindex(cells)
-    cell_cust = feeders["cell_customers"].fillna(per_cell["cell_customers"]).fillna(0).to_numpy().astype(np.int64)
+    outages, cust_out, cell_cust = _cell_counts(enriched, customers, cells)
     lat, lon = cell_centres(cells)
-    grid = station_hour_grid(weather, day)
-    if grid.empty:
-        gust = rain = np.full(len(cells), np.nan)
-    else:
-        st = nearest_station(lat, lon, grid)
-        gust = np.nanmax(grid.gust, axis=1)[st]
-        rain = np.nansum(grid.rain_obs, axis=1)[st]
+    gust, rain = _cell_weather(weather, day, lat, lon, len(cells))
     terr = terrain_table(terrain).reindex(cells)
     veg, slope = terr["vegetation_index"].to_numpy(float), terr["slope_deg"].to_numpy(float)
     risk = _risk(outages.astype(float), gust, rain, veg, slope)
     affected = np.where(cell_cust > 0, np.minimum(100.0, 100.0 * cust_out / np.maximum(cell_cust, 1)), 0.0)
-
-    comps = connected_clusters(cells, anomalous_cells(cells, outages.astype(float)))
-    pos = {c: i for i, c in enumerate(cells)}
-    comps.sort(key=lambda comp: (-int(outages[[pos[c] for c in comp]].sum()), comp[0]))
-    cluster_id = np.full(len(cells), -1, dtype=np.int64)
-    rows = []
-    hourly = stats.set_index(["cell_id", "hour"])["outages"]  # outages per (cell, hour), as counted above
-    for cid, comp in enumerate(comps, start=1):
-        ix = np.array([pos[c] for c in comp])
-        cluster_id[ix] = cid
-        w = outages[ix].astype(float)
-        by_hour = hourly.loc[[c for c in comp if outages[pos[c]] > 0]].groupby(level="hour").sum()
-        peak = int(by_hour.index[np.argmax(by_hour.to_numpy())])
-        member_gust = gust[ix]
-        rows.append({
-            "cluster_id": cid, "cell_count": len(comp), "outages": int(w.sum()), "customers_out": int(cust_out[ix].sum()),
-            "center_lat": float(np.average(lat[ix], weights=w)), "center_lon": float(np.average(lon[ix], weights=w)),
-            "peak_hour": peak,
-            "max_gust_ms": float(np.nanmax(member_gust)) if np.isfinite(member_gust).any() else np.nan,
-            "mean_risk": float(risk[ix].mean()), "cell_ids": list(comp),
-        })
+    cluster_id, rows = _clusters(cells, outages, cust_out, lat, lon, gust, risk, stats)
     risk_df = pd.DataFrame({
         "cell_id": cells, "lat": lat, "lon": lon, "outages": outages, "customers_out": cust_out,
         "cell_customers": cell_cust, "affected_pct": affected, "max_gust_ms": gust, "total_rain_mm": rain,
@@ -237,3 +207,52 @@ def correlate_storm(enriched: pd.DataFrame, weather: pd.DataFrame, customers: pd
     else:
         clusters = empty_frame(STORM_CLUSTERS)
     return stats, risk_df, clusters
+
+
+def _cell_counts(enriched: pd.DataFrame, customers: pd.DataFrame,
+                 cells: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell of ``cells``: outages, customers out, and the cell's customers (reference first)."""
+    per_cell = enriched.groupby("cell_id", sort=True).agg(
+        outages=("event_id", "size"), customers_out=("customers_out", "sum"), cell_customers=("cell_customers", "max"),
+    ).reindex(cells)
+    outages = per_cell["outages"].fillna(0).to_numpy().astype(np.int64)
+    cust_out = per_cell["customers_out"].fillna(0).to_numpy().astype(np.int64)
+    feeders = feeder_table(customers).reindex(cells)
+    cell_cust = feeders["cell_customers"].fillna(per_cell["cell_customers"]).fillna(0).to_numpy().astype(np.int64)
+    return outages, cust_out, cell_cust
+
+
+def _cell_weather(weather: pd.DataFrame, day: str, lat: np.ndarray, lon: np.ndarray,
+                  n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell: the day's highest gust and total rain at its nearest station (NaN with no stations)."""
+    grid = station_hour_grid(weather, day)
+    if grid.empty:
+        return np.full(n, np.nan), np.full(n, np.nan)
+    st = nearest_station(lat, lon, grid)
+    return np.nanmax(grid.gust, axis=1)[st], np.nansum(grid.rain_obs, axis=1)[st]
+
+
+def _clusters(cells: list[str], outages: np.ndarray, cust_out: np.ndarray, lat: np.ndarray, lon: np.ndarray,
+              gust: np.ndarray, risk: np.ndarray, stats: pd.DataFrame) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """The damage clusters (anomalous cells connected through H3 adjacency), numbered 1.. by
+    outages descending, then smallest cell id: each cell's cluster (-1: none) and one row each."""
+    comps = connected_clusters(cells, anomalous_cells(cells, outages.astype(float)))
+    pos = {c: i for i, c in enumerate(cells)}
+    comps.sort(key=lambda comp: (-int(outages[[pos[c] for c in comp]].sum()), comp[0]))
+    cluster_id = np.full(len(cells), -1, dtype=np.int64)
+    rows = []
+    hourly = stats.set_index(["cell_id", "hour"])["outages"]  # outages per (cell, hour), as counted above
+    for cid, comp in enumerate(comps, start=1):
+        ix = np.array([pos[c] for c in comp])
+        cluster_id[ix] = cid
+        w = outages[ix].astype(float)
+        by_hour = hourly.loc[[c for c in comp if outages[pos[c]] > 0]].groupby(level="hour").sum()
+        member_gust = gust[ix]
+        rows.append({
+            "cluster_id": cid, "cell_count": len(comp), "outages": int(w.sum()), "customers_out": int(cust_out[ix].sum()),
+            "center_lat": float(np.average(lat[ix], weights=w)), "center_lon": float(np.average(lon[ix], weights=w)),
+            "peak_hour": int(by_hour.index[np.argmax(by_hour.to_numpy())]),
+            "max_gust_ms": float(np.nanmax(member_gust)) if np.isfinite(member_gust).any() else np.nan,
+            "mean_risk": float(risk[ix].mean()), "cell_ids": list(comp),
+        })
+    return cluster_id, rows
