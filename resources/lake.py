@@ -91,10 +91,6 @@ class PartitionCache:
         with self._lock:
             return key in self._tables
 
-    def peek(self, key: CacheKey) -> pa.Table | None:
-        with self._lock:
-            return self._tables.get(key)
-
     @property
     def reads_in_flight(self) -> int:
         with self._lock:
@@ -346,12 +342,6 @@ class Lake:
         if counts.null_count:
             return None  # a file written without statistics: the count would be short
         return int(pc.sum(counts).as_py() or 0)
-
-    def latest_version(self, table: str) -> int | None:
-        uri = self.uri(table)
-        if not DeltaTable.is_deltatable(uri):
-            return None
-        return self.table(table).version()
 
 
 # Reader features under which a data file alone does not give the rows (or their names).

@@ -764,17 +764,6 @@ class Ledger:
 
         return self._run(q, what="read checkpoint events", single=True)
 
-    def attempt_counts(self) -> dict[tuple[str, str], int]:
-        """(partition_key, phase) -> attempt count of the head checkpoint."""
-        rows = self._run(
-            lambda c: c.execute(
-                "SELECT partition_key, phase, attempt FROM checkpoints WHERE superseded_at IS NULL"
-            ).fetchall(),
-            what="read attempt counts",
-            single=True,
-        )
-        return {(r[0], r[1]): r[2] for r in rows}
-
     def record_reader(self, name: str, after_event_id: int) -> None:
         """Record that reader ``name`` has read every checkpoint event up to ``after_event_id``.
 

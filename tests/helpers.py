@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+from deltalake import DeltaTable
 
 from assets.schemas import PARTITION_COLUMNS, SCHEMAS
 from pipeline.definitions import PHASE_ASSETS, build_resources
@@ -31,11 +32,18 @@ def lake(root: str) -> Lake:
     return Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS)
 
 
+def latest_version(lk: Lake, table: str) -> int | None:
+    """The table's newest version, None before it exists."""
+    if not DeltaTable.is_deltatable(lk.uri(table)):
+        return None
+    return lk.table(table).version()
+
+
 def read_table(root: str, table: str, key: str = KEY) -> pd.DataFrame:
     """The current contents of one partition of a table, sorted for comparison."""
     day, _, region = key.partition("|")
     lk = lake(root)
-    version = lk.latest_version(table)
+    version = latest_version(lk, table)
     if version is None:
         return pd.DataFrame()
     df = lk.read_partition(table, region, day, version=version).to_pandas()
@@ -47,7 +55,7 @@ def read_table(root: str, table: str, key: str = KEY) -> pd.DataFrame:
 
 def table_versions(root: str) -> dict[str, int | None]:
     lk = lake(root)
-    return {t: lk.latest_version(t) for t in SCHEMAS}
+    return {t: latest_version(lk, t) for t in SCHEMAS}
 
 
 def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:

@@ -20,3 +20,9 @@ def query(ledger: Ledger, statement: str, params: tuple[Any, ...] | dict[str, An
             return cur.fetchall() if cur.description else []
 
     return ledger.read(run, what="run a test statement")
+
+
+def attempt_counts(ledger: Ledger) -> dict[tuple[str, str], int]:
+    """(partition_key, phase) -> attempt count of the head checkpoint."""
+    rows = query(ledger, "SELECT partition_key, phase, attempt FROM checkpoints WHERE superseded_at IS NULL")
+    return {(r["partition_key"], r["phase"]): r["attempt"] for r in rows}

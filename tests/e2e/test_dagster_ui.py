@@ -36,7 +36,7 @@ import pytest
 
 from assets.phases import PHASES, TABLE_PHASE
 from assets.schemas import SCHEMAS
-from tests.ledger_sql import query
+from tests.ledger_sql import attempt_counts, query
 
 pytestmark = pytest.mark.e2e
 
@@ -249,7 +249,7 @@ def _ledger_counts() -> dict[str, Any]:
 
     led = get_ledger(os.environ["STORMLAKE_PG_DSN"])
     receipts = query(led, "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'DELIVERED') AS d FROM receipts")[0]
-    attempts = {f"{k[0]}/{k[1]}": v for k, v in sorted(led.attempt_counts().items())}
+    attempts = {f"{k[0]}/{k[1]}": v for k, v in sorted(attempt_counts(led).items())}
     seqs = {f"{r['partition_key']}/{r['phase']}": r["seq"] for r in query(led,
         "SELECT partition_key, phase, seq FROM checkpoints WHERE superseded_at IS NULL")}
     return {"receipts": receipts["n"], "delivered": receipts["d"], "attempts": attempts, "seqs": seqs}

@@ -12,6 +12,7 @@ from assets.phases import TABLE_PHASE
 from assets.schemas import PARTITION_COLUMNS, SCHEMAS
 from resources.errors import LakeError
 from resources.lake import Lake, PartitionCache
+from tests.helpers import latest_version
 
 SCHEMA = SCHEMAS["weather_raw"]
 
@@ -75,7 +76,7 @@ def test_a_repeated_attempt_of_the_same_checkpoint_is_recognised(lk: Lake) -> No
     # A later attempt (seq 9) of the same checkpoint (first_seq 7) finds the earlier commit.
     again = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=9, first_seq=7)
     assert first.written and not again.written and again.version == first.version
-    assert lk.latest_version("weather_raw") == first.version
+    assert latest_version(lk, "weather_raw") == first.version
 
 
 def test_the_process_cache_keeps_a_partition_until_its_last_reader(lk: Lake) -> None:
@@ -84,7 +85,7 @@ def test_the_process_cache_keeps_a_partition_until_its_last_reader(lk: Lake) -> 
     key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", kept.version)
     assert key in lk.cache
     first = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version)
-    assert first is lk.cache.peek(key)  # served from memory, still there for a later reader
+    assert first is lk.cache.take(key, last_use=False)  # served from memory, still there for a later reader
     last = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=kept.version, last_use=True)
     assert last is first and key not in lk.cache and lk.cache.nbytes == 0
     # A table no later phase reads is not kept; a last read from the files is not kept either.
@@ -119,7 +120,7 @@ def test_a_prefetched_partition_is_read_once_in_the_background(lk: Lake) -> None
     assert got.equals(_scan(lk, w.version, "gulf_coast", "2026-09-01"))
     assert not lk.cache.reads_in_flight
     key = (lk.uri("weather_raw"), "gulf_coast", "2026-09-01", w.version)
-    assert lk.cache.peek(key) is got
+    assert lk.cache.take(key, last_use=False) is got
     # A prefetch of a version that does not exist fails in the background; the read says why.
     lk.prefetch("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
     with pytest.raises(LakeError, match="version"):

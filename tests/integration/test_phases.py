@@ -25,8 +25,8 @@ from assets.schemas import SCHEMAS, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
-from tests.helpers import KEY, lake, materialize, read_table, step_outcomes, table_versions
-from tests.ledger_sql import query
+from tests.helpers import KEY, lake, latest_version, materialize, read_table, step_outcomes, table_versions
+from tests.ledger_sql import attempt_counts, query
 
 DAY, REGION = KEY.split("|")
 ALL_KEYS = [f"{d}|{r}" for d in ("2026-09-01", "2026-09-02") for r in ("gulf_coast", "pine_belt")]
@@ -62,7 +62,7 @@ def data_rows(path: Path) -> int:
 def partition_rows(root: str, table: str, key: str = KEY) -> int:
     """Rows of one partition at the table's latest version (0 when the table does not exist)."""
     lk = lake(root)
-    version = lk.latest_version(table)
+    version = latest_version(lk, table)
     if version is None:
         return 0
     day, region = key.split("|")
@@ -224,7 +224,7 @@ def test_rerun_of_a_completed_partition_skips_everything(sl_env: dict[str, str],
     versions = table_versions(lake_root(sl_env))
     receipts = [(r.artifact_id, r.status, r.delivered_at) for r in ledger.receipts()]
     files = published_state(sl_env)
-    attempts = ledger.attempt_counts()
+    attempts = attempt_counts(ledger)
     heads = {cp.phase: (cp.id, cp.seq, cp.input_hash, cp.state_hash) for cp in ledger.heads([KEY])}
 
     result = materialize(KEY)
@@ -236,7 +236,7 @@ def test_rerun_of_a_completed_partition_skips_everything(sl_env: dict[str, str],
     assert table_versions(lake_root(sl_env)) == versions
     assert [(r.artifact_id, r.status, r.delivered_at) for r in ledger.receipts()] == receipts
     assert published_state(sl_env) == files
-    assert ledger.attempt_counts() == attempts
+    assert attempt_counts(ledger) == attempts
     assert {cp.phase: (cp.id, cp.seq, cp.input_hash, cp.state_hash) for cp in ledger.heads([KEY])} == heads
     skipped = query(ledger, "SELECT phase FROM checkpoint_events WHERE status = 'SKIPPED' AND partition_key = %s",
                            (KEY,))
@@ -316,7 +316,7 @@ def test_resume_after_injected_fault_equals_clean_run(sl_env: dict[str, str], le
     assert heads["correlate"].error_class == "InjectedFault"
     assert "present" not in heads
     assert heads["ingest"].status == heads["enrich"].status == "COMPLETED"
-    attempts = ledger.attempt_counts()
+    attempts = attempt_counts(ledger)
     before = table_versions(lake_root(sl_env))
     assert partition_rows(lake_root(sl_env), "cell_hour_stats") == 0
 
@@ -325,7 +325,7 @@ def test_resume_after_injected_fault_equals_clean_run(sl_env: dict[str, str], le
     assert resumed.success, failure_descriptions(resumed)
     assert step_outcomes(resumed) == {"ingested_batch": "SKIPPED", "enriched_outages": "SKIPPED",
                                       "storm_correlation": "COMPLETED", "operational_picture": "COMPLETED"}
-    after_attempts = ledger.attempt_counts()
+    after_attempts = attempt_counts(ledger)
     for phase in ("ingest", "enrich"):
         assert after_attempts[(KEY, phase)] == attempts[(KEY, phase)] == 1
     assert after_attempts[(KEY, "correlate")] == 2  # the failed attempt and the resumed one
