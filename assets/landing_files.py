@@ -2,11 +2,12 @@
 
 ``landing_files`` is partitioned like the phases. The data version of a partition is a
 fingerprint of the content digests of the files its ingest reads (its two files and the
-reference files: :meth:`Landing.digests`, the digests the ingest input hash uses), so it changes
-exactly when ingest's input changes; a touched but unchanged file keeps it. Every table of ingest
-(the ``ingested_batch`` op's assets) depends on it. Dagster keeps, with each materialization of
-those tables, the storage id of the latest observation of ``landing_files``; a later observation
-of that partition with another data version shows that partition of ingest's tables stale.
+reference files: :meth:`Landing.content_version`, over the digests the ingest input hash uses),
+so it changes exactly when ingest's input changes; a touched but unchanged file keeps it. Every
+table of ingest (the ``ingested_batch`` op's assets) depends on it. Dagster keeps, with each
+materialization of those tables, the storage id of the latest observation of ``landing_files``; a
+later observation of that partition with another data version shows that partition of ingest's
+tables stale.
 
 Who observes: the landing sensor (partitions whose files changed), the ``observe_landing`` job and
 schedule, the UI's "Observe sources", and the ingest step itself. The ingest step makes sure the
@@ -20,14 +21,14 @@ observation: an equal one changes nothing in the stale view and would only add e
 
 from __future__ import annotations
 
-import hashlib
+import warnings
 from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
 from assets.partitions import PARTITIONS, landing_keys, split_key
 from resources import dagster_compat
-from resources.landing import PARTITION_FILES, Landing, LandingResource
+from resources.landing import Landing, LandingResource
 
 LANDING_FILES = "landing_files"
 LANDING_KEY = dg.AssetKey(LANDING_FILES)
@@ -38,9 +39,8 @@ DATA_VERSION_TAG = dagster_compat.data_version_tag()
 
 
 def landing_version(landing: Landing, region_id: str, day: str) -> str:
-    """The data version of a partition's landing files: sha256 over their content digests."""
-    lines = "\n".join(f"{rel}:{digest}" for rel, digest in landing.digests(region_id, day).items())
-    return hashlib.sha256(lines.encode()).hexdigest()
+    """The data version of a partition's landing files (:meth:`Landing.content_version`)."""
+    return landing.content_version(region_id, day)
 
 
 def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
@@ -48,7 +48,7 @@ def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
     with_files = []
     for key in landing_keys(landing, today=today)[0]:
         day, region = split_key(key)
-        if any((landing.partition_dir(region, day) / name).exists() for name in PARTITION_FILES):
+        if landing.has_partition_files(region, day):
             with_files.append(key)
     return with_files
 
@@ -74,22 +74,29 @@ def observations(versions: Mapping[str, str]) -> list[dg.AssetObservation]:
             for key, version in versions.items()]
 
 
-@dg.observable_source_asset(
-    name=LANDING_FILES,
-    partitions_def=PARTITIONS,
-    group_name=LANDING_GROUP,
-    description="The landing files each (day, region) batch's ingest reads (its outages.csv and weather.csv "
-                "and the reference files). Data version: a fingerprint of their content digests. Observed by "
-                "the landing sensor, the observe_landing job/schedule, 'Observe sources' and the ingest step.",
-)
-def landing_files(context: dg.OpExecutionContext, landing: LandingResource) -> dg.DataVersionsByPartition:
-    """Every partition with landing files whose fingerprint changed since its latest observation."""
-    zone = landing.get()
-    keys = keys_with_files(zone)
-    changed = changed_versions(context.instance, zone, keys)
-    context.log.info(f"{len(keys)} partition(s) with landing files; {len(changed)} new or changed"
-                     + (f": {', '.join(list(changed)[:10])}" if changed else ""))
-    return dg.DataVersionsByPartition(changed)
+# ``observable_source_asset`` and ``DataVersionsByPartition`` are beta; landing_files uses them
+# deliberately (a partitioned source asset whose data version Dagster compares).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+
+    @dg.observable_source_asset(
+        name=LANDING_FILES,
+        partitions_def=PARTITIONS,
+        group_name=LANDING_GROUP,
+        description="The landing files each (day, region) batch's ingest reads (its outages.csv and weather.csv "
+                    "and the reference files). Data version: a fingerprint of their content digests. Observed by "
+                    "the landing sensor, the observe_landing job/schedule, 'Observe sources' and the ingest step.",
+    )
+    def landing_files(context: dg.OpExecutionContext, landing: LandingResource) -> dg.DataVersionsByPartition:
+        """Every partition with landing files whose fingerprint changed since its latest observation."""
+        zone = landing.get()
+        keys = keys_with_files(zone)
+        changed = changed_versions(context.instance, zone, keys)
+        context.log.info(f"{len(keys)} partition(s) with landing files; {len(changed)} new or changed"
+                         + (f": {', '.join(list(changed)[:10])}" if changed else ""))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            return dg.DataVersionsByPartition(changed)
 
 
 def observe_for_ingest(context: dg.AssetExecutionContext, landing: LandingResource) -> dict[str, str]:

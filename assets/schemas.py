@@ -29,6 +29,16 @@ def _schema(*fields: tuple[str, pa.DataType] | tuple[str, pa.DataType, bool]) ->
     return pa.schema(out)
 
 
+# ---- landing CSV files (contract section 3) ------------------------------------------------
+# The columns each landing file must have, in the order the scenario generator writes them (a
+# landing file may order them otherwise and carry extra ones).
+OUTAGES_CSV_COLUMNS = (
+    "event_id", "region_id", "reported_at", "lat", "lon", "customers_out", "cause", "restored_at")
+WEATHER_CSV_COLUMNS = (
+    "station_id", "region_id", "observed_at", "lat", "lon", "wind_gust_ms", "rain_mm", "pressure_hpa")
+CUSTOMERS_CSV_COLUMNS = ("cell_id", "region_id", "feeder_id", "customers")
+TERRAIN_CSV_COLUMNS = ("cell_id", "region_id", "elevation_m", "slope_deg", "vegetation_index", "flood_zone")
+
 # ---- ingest ----------------------------------------------------------------------------
 OUTAGES_RAW = _schema(
     ("event_id", pa.string(), False),

@@ -1,21 +1,21 @@
 """Sensors: new landing files start a batch; the ledger's outbox keeps a batch going.
 
 ``landing_sensor``
-    Looks at every ``<region>/<day>/`` folder of the landing zone. A partition's fingerprint is
-    the sizes and modification times of its two files and of the reference files (a ``stat``
-    each, no reading), so a tick over a year of folders is cheap. The cursor is a JSON map
-    ``partition key -> fingerprint``; a partition whose fingerprint changed (or is new) is
-    requested with the run key ``landing:<key>:<fingerprint>``, so the same files never launch
-    twice and changed files always launch again. Before requesting, the ledger is asked
-    (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
+    Looks at every ``<region>/<day>/`` folder of the landing zone. A partition's fingerprint is the
+    sizes and modification times of its two files and of the reference files (a ``stat`` each, no
+    reading: :meth:`Landing.stat_fingerprint`), so a tick over a year of folders is cheap. The
+    cursor is a JSON map ``partition key -> fingerprint``; a partition whose fingerprint changed
+    (or is new) is requested with the run key ``landing:<key>:<fingerprint>``, so the same files
+    never launch twice and changed files always launch again. Before requesting, the ledger is
+    asked (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
     touched but not changed), no run is launched. Folders of unknown regions, days before
     ``STORMLAKE_FIRST_DAY`` and days not over yet are ignored; a partition still missing a file
     waits (it is not put in the cursor, so it is looked at again on the next tick). For the new or
     changed partitions and the waiting ones, the tick also observes the ``landing_files`` source
     asset: an ``AssetObservation`` with the fingerprint of the files' contents as data version
-    (``assets/landing_files.py``), only where it differs from the partition's latest observation
-    (a touched file keeps its version). Dagster stores these with the tick, before any run, so the
-    UI shows the partition of ingest stale at once, whether or not a run follows.
+    (``assets/landing_files.py``), only where it differs from the partition's latest observation (a
+    touched file keeps its version). Dagster stores these with the tick, before any run, so the UI
+    shows the partition of ingest stale at once, whether or not a run follows.
 
 ``outbox_sensor``
     Reads the ledger's ``checkpoint_events`` in event-id order (the cursor), logs progress and
@@ -38,7 +38,6 @@ runs until an operator says so.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -63,18 +62,6 @@ NEXT_PHASE = {a.name: b for a, b in zip(PHASES, PHASES[1:], strict=False)}
 
 
 # ---- landing ---------------------------------------------------------------------------------
-def landing_fingerprint(landing: Landing, region_id: str, day: str) -> str | None:
-    """Sizes and mtimes of the partition's files and the reference files; None if one is missing."""
-    parts = []
-    for rel, path in sorted(landing.input_files(region_id, day).items()):
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return None
-        parts.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class LandingScan:
     fingerprints: dict[str, str]  # the new cursor: partition key -> fingerprint
@@ -90,7 +77,7 @@ def scan_landing(landing: Landing, seen: dict[str, str], *, today: str) -> Landi
     keys, ignored = landing_keys(landing, today=today)
     for key in keys:
         day, region = split_key(key)
-        fp = landing_fingerprint(landing, region, day)
+        fp = landing.stat_fingerprint(region, day)
         if fp is None:
             waiting.append(key)
             continue
@@ -120,8 +107,8 @@ def _load_map(cursor: str | None) -> dict[str, str]:
 )
 def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
-    from assets.materialize import build_runner
     from assets.context import PartitionRef
+    from assets.materialize import build_runner
 
     seen = _load_map(context.cursor)
     regions = landing.regions()

@@ -57,16 +57,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from assets.schemas import CUSTOMERS_REF, OUTAGES_RAW, QUARANTINE, TERRAIN_REF, TS, WEATHER_RAW
+from assets.schemas import (
+    CUSTOMERS_CSV_COLUMNS,
+    CUSTOMERS_REF,
+    OUTAGES_CSV_COLUMNS,
+    OUTAGES_RAW,
+    QUARANTINE,
+    TERRAIN_CSV_COLUMNS,
+    TERRAIN_REF,
+    TS,
+    WEATHER_CSV_COLUMNS,
+    WEATHER_RAW,
+)
+from resources import landing_layout
 from resources.errors import InputFileError
 from resources.settings import Region
 
-OUTAGES_COLUMNS = (
-    "event_id", "region_id", "reported_at", "lat", "lon", "customers_out", "cause", "restored_at")
-WEATHER_COLUMNS = (
-    "station_id", "region_id", "observed_at", "lat", "lon", "wind_gust_ms", "rain_mm", "pressure_hpa")
-CUSTOMERS_COLUMNS = ("cell_id", "region_id", "feeder_id", "customers")
-TERRAIN_COLUMNS = ("cell_id", "region_id", "elevation_m", "slope_deg", "vegetation_index", "flood_zone")
+# The bytes that shape CSV records.
+LF, CR, QUOTE, COMMA = 0x0A, 0x0D, 0x22, 0x2C
 
 _TS_RE = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}(:?\d{2})?)$"
 _NAIVE_RE = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$"
@@ -138,8 +146,61 @@ class _Scan:
     commas_to: np.ndarray  # commas before the end of each physical line
 
 
+@dataclass
+class _Quotes:
+    """How the quotes of the data lines stand: per quote, and per physical line (a mask over lines)."""
+
+    line: np.ndarray  # the physical line of each quote (ascending)
+    local: np.ndarray  # its index among that line's quotes
+    odd_lines: np.ndarray  # the lines with an odd number of quotes
+    out_lines: np.ndarray  # the line of each quote misplaced for a line read from outside a quoted value
+    in_lines: np.ndarray  # the line of each quote misplaced for a line read from inside one
+    odd: np.ndarray  # per line: an odd number of quotes
+    misplaced_out: np.ndarray  # per line: a quote is misplaced, read from outside
+    misplaced_in: np.ndarray  # per line: a quote is misplaced, read from inside
+    can_open: np.ndarray  # per line: a quote starts a field
+    text_quotes: np.ndarray  # per line: read from outside, every quote is text (none can open a value)
+
+
 def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     """Read ``path`` into string columns; raise InputFileError when the file is unusable."""
+    data = _load(path, rel)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    scan, starts, ends = _scan(data, arr)
+    n = len(starts)
+    while n and not data[starts[n - 1] : ends[n - 1]].strip():  # trailing blank lines are not rows
+        n -= 1
+    if n == 0 or not data[starts[0] : ends[0]].strip():
+        raise InputFileError(rel, "empty file (no header row)", line=1)
+    header, h = _header(data, starts, ends, n, rel)
+    extra = _check_columns(header, required, rel)
+
+    recs = _records(data, arr, starts, ends, h, n, scan)
+    first, last = recs.first, recs.last
+    problems, breaks = _problems(data, arr, recs, scan, len(header))
+    sound = np.ones(len(first), bool)
+    sound[list(problems)] = False
+    sound_idx = np.flatnonzero(sound)
+    cut = sorted(problems)
+    if sound_idx.size:
+        names = [c if c in required else f"_extra_{k}" for k, c in enumerate(header)]
+        # Line breaks inside values make Arrow find row ends by parsing, which is slower: only then.
+        newlines_in_values = bool(breaks.size and sound[breaks].any())
+        cols = _parse(_sound_body(data, recs, starts, cut), names, required, sound_idx.size, newlines_in_values, rel)
+    else:
+        cols = {c: pa.array([], pa.string()) for c in required}
+
+    spans = {int(first[r]): int(last[r]) for r in recs.spanning}
+
+    def raw(lines: Sequence[int]) -> list[str]:
+        return [data[starts[k - 1] : ends[spans.get(k - 1, k - 1)]].decode("utf-8") for k in lines]
+
+    bad = [(int(first[r]) + 1, problems[r]) for r in cut]
+    return _Parsed(rel, cols, first[sound_idx] + 1, bad, len(first), extra, raw)
+
+
+def _load(path: Path, rel: str) -> bytes:
+    """The file's bytes; raise InputFileError when it is missing, unreadable, empty, binary or not UTF-8."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -156,81 +217,81 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputFileError(rel, f"not UTF-8 (byte 0x{data[exc.start]:02x})", line=line) from None
-    arr = np.frombuffer(data, dtype=np.uint8)
-    # One pass finds every byte the structure depends on (LF, comma, quote, CR); each kind's
-    # offsets come from that short list, and running counts along it give commas per line and
-    # before each quote, so no per-line search is needed.
+    return data
+
+
+def _scan(data: bytes, arr: np.ndarray) -> tuple[_Scan, np.ndarray, np.ndarray]:
+    """Where the structural bytes are, and the physical lines: (scan, line starts, line ends).
+
+    One pass finds every byte the structure depends on (LF, comma, quote, CR); each kind's
+    offsets come from that short list, and running counts along it give commas per line and
+    before each quote, so no per-line search is needed. A line's end is exclusive, before its LF
+    and the CR of a CRLF; the first line starts after a UTF-8 BOM.
+    """
     at = _find_structural(arr)
     kind = arr[at]
-    is_nl, is_quote = kind == 10, kind == 34
-    commas = np.cumsum(kind == 44, dtype=np.int32 if at.size < 2**31 else np.int64)  # commas up to each hit
+    is_nl, is_quote = kind == LF, kind == QUOTE
+    commas = np.cumsum(kind == COMMA, dtype=np.int32 if at.size < 2**31 else np.int64)  # commas up to each hit
     newlines = at[is_nl]
-    scan = _Scan(at[is_quote], commas[is_quote], at[kind == 13],
+    scan = _Scan(at[is_quote], commas[is_quote], at[kind == CR],
                  np.append(commas[is_nl], commas[-1] if commas.size else 0))
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     starts = np.concatenate(([bom], newlines + 1)).astype(np.int64)
-    ends = np.concatenate((newlines, [len(data)])).astype(np.int64)  # exclusive, before "\n"
-    ends -= (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)  # the CR of CRLF is not text
-    n = len(starts)
-    while n and not data[starts[n - 1] : ends[n - 1]].strip():  # trailing blank lines are not rows
-        n -= 1
-    if n == 0 or not data[starts[0] : ends[0]].strip():
-        raise InputFileError(rel, "empty file (no header row)", line=1)
-    header, h = _header(data, starts, ends, n, rel)
+    ends = np.concatenate((newlines, [len(data)])).astype(np.int64)
+    ends -= (ends > starts) & (arr[np.maximum(ends - 1, 0)] == CR)  # the CR of CRLF is not text
+    return scan, starts, ends
+
+
+def _check_columns(header: list[str], required: Sequence[str], rel: str) -> tuple[str, ...]:
+    """Raise InputFileError for a duplicate or missing required column; return the extra columns."""
     dupes = sorted({c for c in header if c in required and header.count(c) > 1})
     if dupes:
         raise InputFileError(rel, f"duplicate column(s): {', '.join(dupes)}", line=1)
     missing = [c for c in required if c not in header]
     if missing:
         raise InputFileError(rel, f"missing required column(s): {', '.join(missing)}", line=1)
-    extra = tuple(c for c in header if c not in required)
+    return tuple(c for c in header if c not in required)
 
-    recs = _records(data, arr, starts, ends, h, n, scan)
-    first, last, rs, re_ = recs.first, recs.last, recs.start, recs.end
+
+def _problems(data: bytes, arr: np.ndarray, recs: _Records, scan: _Scan,
+              width: int) -> tuple[dict[int, str], np.ndarray]:
+    """({record: why it is structurally broken}, records with line breaks in values); ``width``: the header's."""
     nfields, problems, breaks = _structure(data, arr, recs, scan)
-    for r in np.flatnonzero(nfields != len(header)):
-        problems.setdefault(int(r), f"wrong number of fields: expected {len(header)}, got {int(nfields[r])}")
+    for r in np.flatnonzero(nfields != width):
+        problems.setdefault(int(r), f"wrong number of fields: expected {width}, got {int(nfields[r])}")
     for r in recs.spanning.tolist():  # a record's line is where it starts: say where it ends
         if r in problems:
-            problems[r] += f" (the record spans lines {first[r] + 1}-{last[r] + 1})"
-    sound = np.ones(len(first), bool)
-    sound[list(problems)] = False
-    sound_idx = np.flatnonzero(sound)
+            problems[r] += f" (the record spans lines {recs.first[r] + 1}-{recs.last[r] + 1})"
+    return problems, breaks
 
-    # Hand Arrow only the sound records: the runs between broken ones are contiguous byte ranges.
+
+def _sound_body(data: bytes, recs: _Records, starts: np.ndarray, cut: Sequence[int]) -> bytes | memoryview:
+    """The bytes of the records not in ``cut``: the runs between broken records are contiguous byte ranges."""
+    rs, re_, last = recs.start, recs.end, recs.last
     view = memoryview(data)
-    cut = sorted(problems)
     pieces, prev = [], int(rs[0]) if len(rs) else 0
     for r in cut:
         pieces.append(view[prev : rs[r]])
         prev = int(starts[last[r] + 1]) if last[r] + 1 < len(starts) else int(re_[r])
     if len(rs):
         pieces.append(view[prev : max(prev, int(re_[-1]))])
-    body = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # no copy in the common case
-    names = [c if c in required else f"_extra_{k}" for k, c in enumerate(header)]
-    if sound_idx.size:
-        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in required}, include_columns=list(required),
-                                       strings_can_be_null=False, quoted_strings_can_be_null=False)
-        # Line breaks inside values make Arrow find row ends by parsing, which is slower: only then.
-        parse = pacsv.ParseOptions(newlines_in_values=bool(breaks.size and sound[breaks].any()))
-        try:  # every column as text: the rules below decide what a value means, not type inference
-            table = pacsv.read_csv(pa.BufferReader(pa.py_buffer(body)), convert_options=convert, parse_options=parse,
-                                   read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20))
-        except pa.ArrowInvalid as exc:
-            raise InputFileError(rel, f"not valid CSV ({str(exc).splitlines()[0]})") from None
-        if table.num_rows != sound_idx.size:
-            raise InputFileError(rel, f"not valid CSV ({table.num_rows} rows parsed, {sound_idx.size} records)")
-        cols = {c: pc.utf8_trim_whitespace(table.column(c).combine_chunks()) for c in required}
-    else:
-        cols = {c: pa.array([], pa.string()) for c in required}
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # no copy in the common case
 
-    spans = {int(first[r]): int(last[r]) for r in recs.spanning}
 
-    def raw(lines: Sequence[int]) -> list[str]:
-        return [data[starts[k - 1] : ends[spans.get(k - 1, k - 1)]].decode("utf-8") for k in lines]
-
-    bad = [(int(first[r]) + 1, problems[r]) for r in cut]
-    return _Parsed(rel, cols, first[sound_idx] + 1, bad, len(first), extra, raw)
+def _parse(body: bytes | memoryview, names: list[str], required: Sequence[str], records: int,
+           newlines_in_values: bool, rel: str) -> dict[str, pa.Array]:
+    """Parse the sound records with Arrow: the required columns as text, trimmed."""
+    convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in required}, include_columns=list(required),
+                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
+    parse = pacsv.ParseOptions(newlines_in_values=newlines_in_values)
+    try:  # every column as text: the rules decide what a value means, not type inference
+        table = pacsv.read_csv(pa.BufferReader(pa.py_buffer(body)), convert_options=convert, parse_options=parse,
+                               read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20))
+    except pa.ArrowInvalid as exc:
+        raise InputFileError(rel, f"not valid CSV ({str(exc).splitlines()[0]})") from None
+    if table.num_rows != records:
+        raise InputFileError(rel, f"not valid CSV ({table.num_rows} rows parsed, {records} records)")
+    return {c: pc.utf8_trim_whitespace(table.column(c).combine_chunks()) for c in required}
 
 
 def _find_structural(arr: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
@@ -244,8 +305,8 @@ def _find_structural(arr: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
     for lo in range(0, arr.size, chunk):
         part = arr[lo : lo + chunk]
         mask, scratch = hit[: part.size], tmp[: part.size]
-        np.equal(part, 10, out=mask)
-        for byte in (44, 34, 13):
+        np.equal(part, LF, out=mask)
+        for byte in (COMMA, QUOTE, CR):
             mask |= np.equal(part, byte, out=scratch)
         found.append(np.flatnonzero(mask) + lo)
     return np.concatenate(found) if found else np.zeros(0, np.int64)
@@ -270,10 +331,8 @@ def _records(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
              scan: _Scan) -> _Records:
     """Group the data lines ``[h, n)`` into records: a line break inside a quoted value is data.
 
-    Vectorized per line: its quote count, and whether every quote stands where RFC 4180 puts one
-    (an opening quote starts a field, a closing quote ends one, ``""`` is a closing and an opening
-    quote back to back), both for a line that starts outside a quoted value and for one that
-    starts inside. Such a line leaves a value open exactly when its start state flipped by its
+    Vectorized per line (:func:`_quotes`): its quote count, and whether every quote stands where
+    RFC 4180 puts one. Such a line leaves a value open exactly when its start state flipped by its
     quote count says so; the rare other lines are read by :func:`_ends_inside`. Only the lines
     that can leave a value open are visited one by one, so a file without quoted line breaks
     costs a few array passes. A value still open at the end of the file quarantines only the
@@ -291,12 +350,54 @@ def _records(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     none, no = np.zeros(len(nonempty), bool), np.zeros(0, np.int64)
     if not q.size:
         return _Records(nonempty, nonempty, rs, re_, no, q, qc, no, no, none, none)
+    qs = _quotes(arr, starts, ends, n, q)
+    misplaced_in, misplaced_out, odd = qs.misplaced_in, qs.misplaced_out, qs.odd
+
+    def ends_inside(k: int, inside: bool) -> bool:
+        if not (misplaced_in if inside else misplaced_out)[k]:
+            return inside != bool(odd[k])
+        return _ends_inside(data[starts[k] : ends[k]], inside)
+
+    # Starting outside, only these lines can end inside; the first of them does start outside.
+    maybe = np.union1d(qs.odd_lines, qs.out_lines)
+    openers = [k for k in maybe[~qs.text_quotes[maybe]].tolist() if ends_inside(k, False)]
+    if not openers:
+        rec = qs.line - h if isinstance(pick, slice) else np.searchsorted(nonempty, qs.line)
+        return _without_text_quotes(_Records(nonempty, nonempty, rs, re_, no, q, qc, rec, qs.local,
+                                             misplaced_out[pick] & qs.can_open[pick], none), qs.text_quotes[pick])
+    # Starting inside, only these lines can end outside (close the value).
+    spans, unclosed = _spans(openers, np.union1d(qs.odd_lines, qs.in_lines), ends_inside, h, n)
+    covered = np.zeros(n, bool)
+    for e, end in spans:
+        covered[e + 1 : end + 1] = True
+    first = nonempty[~covered[nonempty]]
+    last = first.copy()
+    spanning = no
+    if spans:
+        opened, closed = np.array(spans, dtype=np.int64).T
+        spanning = np.searchsorted(first, opened)
+        last[spanning] = closed
+    misplaced_before = np.concatenate(([0], np.cumsum(misplaced_in)))
+    irregular = (misplaced_out[first] & qs.can_open[first]) | (misplaced_before[last + 1] > misplaced_before[first + 1])
+    rec = np.searchsorted(first, qs.line, side="right") - 1
+    # A line read inside a value is never text-quoted; one that opens a value can open one.
+    return _without_text_quotes(_Records(first, last, starts[first], ends[last], spanning, q, qc, rec, _rank(rec),
+                                         irregular, np.isin(first, unclosed)), qs.text_quotes[first])
+
+
+def _quotes(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int, q: np.ndarray) -> _Quotes:
+    """How the quotes at offsets ``q`` (ascending, on lines before ``n``) stand on their lines.
+
+    An opening quote starts a field, a closing quote ends one, ``""`` is a closing and an opening
+    quote back to back; a quote is misplaced when it is not where its turn puts it, both for a line
+    that starts outside a quoted value and for one that starts inside.
+    """
     line = np.searchsorted(starts, q, side="right") - 1  # the physical line of each quote (ascending)
     local = _rank(line)  # its index among that line's quotes
     prev, nxt = arr[q - 1], arr[np.minimum(q + 1, arr.size - 1)]  # q >= 1: the header comes first
-    at_field = (q == starts[line]) | (prev == 44)
-    opens = at_field | (prev == 34)
-    closes = (q + 1 == ends[line]) | (nxt == 44) | (nxt == 34)
+    at_field = (q == starts[line]) | (prev == COMMA)
+    opens = at_field | (prev == QUOTE)
+    closes = (q + 1 == ends[line]) | (nxt == COMMA) | (nxt == QUOTE)
     even = (local & 1) == 0
     heads = np.flatnonzero(local == 0)
     odd_lines = line[heads[(np.diff(heads, append=q.size) & 1) == 1]]
@@ -308,23 +409,17 @@ def _records(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     # every quote on it is text, for the csv module and Arrow alike.
     can_open = np.zeros(n, bool)
     can_open[line[at_field]] = True
-    text_quotes = misplaced_out & ~can_open
+    return _Quotes(line, local, odd_lines, out_lines, in_lines, odd, misplaced_out, misplaced_in, can_open,
+                   misplaced_out & ~can_open)
 
-    def ends_inside(k: int, inside: bool) -> bool:
-        if not (misplaced_in if inside else misplaced_out)[k]:
-            return inside != bool(odd[k])
-        return _ends_inside(data[starts[k] : ends[k]], inside)
 
-    # Starting outside, only these lines can end inside; the first of them does start outside.
-    maybe = np.union1d(odd_lines, out_lines)
-    openers = [k for k in maybe[~text_quotes[maybe]].tolist() if ends_inside(k, False)]
-    if not openers:
-        rec = line - h if isinstance(pick, slice) else np.searchsorted(nonempty, line)
-        return _without_text_quotes(_Records(nonempty, nonempty, rs, re_, no, q, qc, rec, local,
-                                             misplaced_out[pick] & can_open[pick], none), text_quotes[pick])
+def _spans(openers: list[int], closers: np.ndarray, ends_inside: Callable[[int, bool], bool], h: int,
+           n: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Follow each value opened on a line of ``openers`` to the line of ``closers`` that closes it.
 
-    # Starting inside, only these lines can end outside (close the value).
-    closers = np.union1d(odd_lines, in_lines)
+    Returns the (opening line, closing line) of every record spanning lines, and the lines whose
+    value stays open to the end of the file.
+    """
     spans: list[tuple[int, int]] = []
     unclosed: list[int] = []
     k = h  # the next line that starts a record
@@ -348,22 +443,7 @@ def _records(data: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
         else:
             spans.append((e, end))
             k = end + 1
-    covered = np.zeros(n, bool)
-    for e, end in spans:
-        covered[e + 1 : end + 1] = True
-    first = nonempty[~covered[nonempty]]
-    last = first.copy()
-    spanning = no
-    if spans:
-        opened, closed = np.array(spans, dtype=np.int64).T
-        spanning = np.searchsorted(first, opened)
-        last[spanning] = closed
-    misplaced_before = np.concatenate(([0], np.cumsum(misplaced_in)))
-    irregular = (misplaced_out[first] & can_open[first]) | (misplaced_before[last + 1] > misplaced_before[first + 1])
-    rec = np.searchsorted(first, line, side="right") - 1
-    # A line read inside a value is never text-quoted; one that opens a value can open one.
-    return _without_text_quotes(_Records(first, last, starts[first], ends[last], spanning, q, qc, rec, _rank(rec),
-                                         irregular, np.isin(first, unclosed)), text_quotes[first])
+    return spans, unclosed
 
 
 def _without_text_quotes(recs: _Records, text_quotes: np.ndarray) -> _Records:
@@ -399,7 +479,7 @@ def _ends_inside(text: bytes, inside: bool) -> bool:
         if at > after and state != 2:  # other text came first
             state = 1
         after = at + 1
-        if text[at] == 44:
+        if text[at] == COMMA:
             state = 2 if state == 2 else 0
         elif state != 1:
             state = 3 if state == 2 else 2
@@ -431,7 +511,7 @@ def _structure(data: bytes, arr: np.ndarray, recs: _Records,
             nfields[rec[pair[heads]]] -= np.add.reduceat(inner, heads)
     lo, hi = np.searchsorted(scan.crs, [rs[0], re_[-1]])
     cr = scan.crs[lo:hi]
-    cr = cr[arr[cr + 1] != 10]  # not part of CRLF (a CR ending the last line is not in range)
+    cr = cr[arr[cr + 1] != LF]  # not part of CRLF (a CR ending the last line is not in range)
     if cr.size:
         rec = np.searchsorted(rs, cr, side="right") - 1
         quoted = np.zeros(cr.size, bool)
@@ -612,7 +692,7 @@ def _start(path: Path, rel: str, columns: Sequence[str], day: str) -> tuple[_Par
 
 def validate_outages(path: Path, rel: str, region: Region, day: str) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge one ``outages.csv``; returns (OUTAGES_RAW rows, QUARANTINE rows, report)."""
-    p, j = _start(path, rel, OUTAGES_COLUMNS, day)
+    p, j = _start(path, rel, OUTAGES_CSV_COLUMNS, day)
     ids = p.cols["event_id"]
     j.check_nonempty("event_id")
     codes = ids.dictionary_encode().indices.to_numpy().astype(np.int64)
@@ -641,7 +721,7 @@ def validate_outages(path: Path, rel: str, region: Region, day: str) -> tuple[pa
 
 def validate_weather(path: Path, rel: str, region: Region, day: str) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge one ``weather.csv``; returns (WEATHER_RAW rows, QUARANTINE rows, report)."""
-    p, j = _start(path, rel, WEATHER_COLUMNS, day)
+    p, j = _start(path, rel, WEATHER_CSV_COLUMNS, day)
     j.check_nonempty("station_id")
     j.check_region(region)
     observed = j.check_time("observed_at", day)
@@ -656,7 +736,7 @@ def validate_customers(
     path: Path, rel: str, region: Region, day: str, *, known_regions: Collection[str] = ()
 ) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge the shared ``reference/customers.csv`` for one region; returns CUSTOMERS_REF rows."""
-    p, j = _start(path, rel, CUSTOMERS_COLUMNS, day)
+    p, j = _start(path, rel, CUSTOMERS_CSV_COLUMNS, day)
     j.route_regions(region.region_id, known_regions)
     cells = j.check_cell()
     j.check_nonempty("feeder_id")
@@ -669,7 +749,7 @@ def validate_terrain(
     path: Path, rel: str, region: Region, day: str, *, known_regions: Collection[str] = ()
 ) -> tuple[pa.Table, pa.Table, FileReport]:
     """Judge the shared ``reference/terrain.csv`` for one region; returns TERRAIN_REF rows."""
-    p, j = _start(path, rel, TERRAIN_COLUMNS, day)
+    p, j = _start(path, rel, TERRAIN_CSV_COLUMNS, day)
     j.route_regions(region.region_id, known_regions)
     cells = j.check_cell()
     elevation = _floats(p.cols["elevation_m"])
@@ -691,9 +771,8 @@ def ingest_partition(landing: Path, region: Region, day: str, *, known_regions: 
     Raises:
         InputFileError: a file is missing or unreadable as a whole; nothing is returned.
     """
-    landing, rid = Path(landing), region.region_id
-    rels = (f"{rid}/{day}/outages.csv", f"{rid}/{day}/weather.csv",
-            "reference/customers.csv", "reference/terrain.csv")
+    landing = Path(landing)
+    rels = landing_layout.input_files(region.region_id, day)
     outages = validate_outages(landing / rels[0], rels[0], region, day)
     weather = validate_weather(landing / rels[1], rels[1], region, day)
     customers = validate_customers(landing / rels[2], rels[2], region, day, known_regions=known_regions)

@@ -31,6 +31,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import h3
@@ -38,13 +39,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from assets.schemas import (
+    CUSTOMERS_CSV_COLUMNS,
+    OUTAGES_CSV_COLUMNS,
+    TERRAIN_CSV_COLUMNS,
+    WEATHER_CSV_COLUMNS,
+)
+from resources.landing_layout import CUSTOMERS_FILE, OUTAGES_FILE, TERRAIN_FILE, WEATHER_FILE, partition_file
 from resources.settings import Region
 
 RES = 7
 KM_PER_DEG = 111.2
 BG_GUST = 9.0
-OUTAGE_COLUMNS = ["event_id", "region_id", "reported_at", "lat", "lon", "customers_out", "cause", "restored_at"]
-WEATHER_COLUMNS = ["station_id", "region_id", "observed_at", "lat", "lon", "wind_gust_ms", "rain_mm", "pressure_hpa"]
 CAUSES = np.array(["wind", "vegetation", "equipment", "lightning", "flooding", "unknown"])
 CAUSE_P = np.array([0.38, 0.30, 0.12, 0.08, 0.07, 0.05])
 BAD_KINDS = (
@@ -158,30 +164,60 @@ def _plant_clusters(ref: dict, exposure: np.ndarray, rng: np.random.Generator) -
 
 def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict, *, seed: int,
                n_rows: int, bad_rows: float) -> dict:
+    """Write one partition's outages.csv and weather.csv; return its ground truth."""
     rng_cl, rng, rng_wx = (np.random.default_rng(s) for s in np.random.SeedSequence([seed, 1, ri, di]).spawn(3))
     day0 = int(dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp())
-    rid, ncell = region.region_id, len(ref["cells"])
-    # --- storm exposure of every cell at every hour of the day
+    rid = region.region_id
+    weight, clusters = _outage_weights(ref, di, seed, rng_cl)
+    outages = _draw_outages(region, ref, day, day0, weight, n_rows, rng)
+    for cl in clusters:
+        cl["outages"] = int(np.isin(outages.cell_ix, cl.pop("_ix")).sum())
+    rel = partition_file(rid, day, OUTAGES_FILE)
+    bad_pos, new_lines, truth_bad = _corrupt(outages, region, day, rel, bad_rows, rng)
+    _write_outages(root / rel, outages.cols, bad_pos, new_lines)
+    n_wx = _weather(root / partition_file(rid, day, WEATHER_FILE), region, rid, day0, di, ref, seed, rng_wx)
+    n_bad = len(bad_pos)
+    return {"region_id": rid, "day": day, "rows": {"outages": n_rows, "bad": n_bad, "good": n_rows - n_bad,
+                                                  "weather": n_wx},
+            "clusters": clusters, "bad_rows": truth_bad}
+
+
+def _outage_weights(ref: dict, di: int, seed: int, rng: np.random.Generator) -> tuple[np.ndarray, list[dict]]:
+    """Outage placement weight per (cell, hour) of day ``di``, and the damage clusters planted in it."""
     slat, slon, vmax = storm_position(di * 24 + np.arange(24) + 0.5, ref["first"], seed)
     d = _dist_km(ref["lat"][:, None], ref["lon"][:, None], slat[None, :], slon[None, :])
     gust, _, _ = _fields(d, vmax[None, :])
     g = (gust / 20.0) ** 3
     weight = g * ref["vuln"][:, None]
-    clusters = _plant_clusters(ref, g.sum(axis=1), rng_cl)
+    clusters = _plant_clusters(ref, g.sum(axis=1), rng)
     vbar = float(ref["vuln"].mean())
     for cl in clusters:
         for ix in cl["_ix"]:
             mult = cl["multiplier"] * (1.5 if ref["cells"][ix] == cl["center_cell"] else 1.0)
             weight[ix] = g[ix] * vbar * mult
-    # --- outages: exact count via one multinomial over (cell, hour)
+    return weight, clusters
+
+
+@dataclass(frozen=True)
+class _Outages:
+    """A partition's outage rows before any is corrupted."""
+
+    cols: dict[str, pa.Array]  # the text of every column of outages.csv
+    cell_ix: np.ndarray  # the cell of each row (an index into the region's cells)
+    secs: np.ndarray  # reported_at of each row, epoch seconds
+    customers_out: np.ndarray
+
+
+def _draw_outages(region: Region, ref: dict, day: str, day0: int, weight: np.ndarray, n_rows: int,
+                  rng: np.random.Generator) -> _Outages:
+    """Exactly ``n_rows`` outages placed by one multinomial over (cell, hour), in time order."""
+    rid, ncell = region.region_id, len(ref["cells"])
     counts = rng.multinomial(n_rows, (weight / weight.sum()).ravel())
     flat = np.repeat(np.arange(ncell * 24), counts)
     cell_ix, hour = flat // 24, flat % 24
     secs = day0 + hour * 3600 + rng.integers(0, 3600, n_rows)
     order = np.argsort(secs, kind="stable")
     cell_ix, secs = cell_ix[order], secs[order]
-    for cl in clusters:
-        cl["outages"] = int(np.isin(cell_ix, cl.pop("_ix")).sum())
     r = 0.35 * np.sqrt(rng.random(n_rows))
     ang = rng.uniform(0, 2 * math.pi, n_rows)
     lat = ref["lat"][cell_ix] + r * np.sin(ang) / KM_PER_DEG
@@ -203,21 +239,29 @@ def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict
         "cause": pa.array(cause),
         "restored_at": pc.if_else(pa.array(unrestored), "", _fmt_ts(restored, res_off)),
     }
-    # --- bad rows, corrupted in place
-    rel = f"{rid}/{day}/outages.csv"
+    return _Outages(cols, cell_ix, secs, cust_out)
+
+
+def _corrupt(outages: _Outages, region: Region, day: str, rel: str, bad_rows: float,
+             rng: np.random.Generator) -> tuple[np.ndarray, list[str], list[dict]]:
+    """Pick the rows to corrupt and rewrite each with one kind of error (the kinds in turn, shuffled).
+
+    Returns their positions, their new lines and their ground truth.
+    """
+    cols, secs, n_rows = outages.cols, outages.secs, len(outages.secs)
     n_bad = min(int(round(bad_rows * n_rows)), max(n_rows - 1, 0))
     bad_pos = np.sort(rng.choice(np.arange(1, n_rows), n_bad, replace=False)) if n_bad else np.array([], int)
     kinds = rng.permutation(np.resize(np.array(BAD_KINDS), n_bad))
     bad_set, truth_bad, new_lines = set(bad_pos.tolist()), [], []
     for pos, kind in zip(bad_pos.tolist(), kinds.tolist(), strict=True):
-        f = {k: cols[k][pos].as_py() for k in OUTAGE_COLUMNS}
+        f = {k: cols[k][pos].as_py() for k in OUTAGES_CSV_COLUMNS}
         rec = {"file": rel, "line": pos + 2, "kind": kind, "event_id": f["event_id"]}
         if kind == "lat_not_numeric":
             f["lat"] = "lat" + f["lat"][:4]
         elif kind == "lat_out_of_box":
             f["lat"] = f"{region.max_lat + 0.75 + rng.random() / 10:.6f}"
         elif kind == "negative_customers":
-            f["customers_out"] = f"-{max(1, int(cust_out[pos]))}"
+            f["customers_out"] = f"-{max(1, int(outages.customers_out[pos]))}"
         elif kind == "empty_event_id":
             f["event_id"] = ""
         elif kind == "duplicate_event_id":
@@ -236,25 +280,21 @@ def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict
             f["restored_at"] = _fmt_ts(np.array([secs[pos] - back]), np.array([False]))[0].as_py()
         elif kind == "wrong_region":
             f["region_id"] = "offshore"
-        vals = [f[k] for k in OUTAGE_COLUMNS]
+        vals = [f[k] for k in OUTAGES_CSV_COLUMNS]
         if kind == "wrong_column_count":
             vals = vals[:-2] if rng.random() < 0.5 else [*vals, "extra"]
         new_lines.append(",".join(vals))
         truth_bad.append(rec)
-    _write_outages(root / rel, cols, bad_pos, new_lines)
-    n_wx = _weather(root / rid / day / "weather.csv", region, rid, day0, di, ref, seed, rng_wx)
-    return {"region_id": rid, "day": day, "rows": {"outages": n_rows, "bad": n_bad, "good": n_rows - n_bad,
-                                                  "weather": n_wx},
-            "clusters": clusters, "bad_rows": truth_bad}
+    return bad_pos, new_lines, truth_bad
 
 
 def _write_outages(path: Path, cols: dict[str, pa.Array], bad_pos: np.ndarray, new_lines: list[str]) -> None:
-    line = pc.binary_join_element_wise(*[cols[k] for k in OUTAGE_COLUMNS], ",")
+    line = pc.binary_join_element_wise(*[cols[k] for k in OUTAGES_CSV_COLUMNS], ",")
     if len(bad_pos):
         mask = np.zeros(len(line), dtype=bool)
         mask[bad_pos] = True
         line = pc.replace_with_mask(line, pa.array(mask), pa.array(new_lines, pa.string()))
-    _write_csv(path, OUTAGE_COLUMNS, [line])
+    _write_csv(path, OUTAGES_CSV_COLUMNS, [line])
 
 
 def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict, seed: int,
@@ -275,7 +315,7 @@ def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict
     secs = day0 + np.arange(24)[None, :] * 3600 + minute[:, None] * 60
     n = n_st * 24
     sid = np.repeat(np.array([f"{rid}-ws{i:02d}" for i in range(n_st)]), 24)
-    _write_csv(path, WEATHER_COLUMNS, [
+    _write_csv(path, WEATHER_CSV_COLUMNS, [
         pa.array(sid), pa.array(np.full(n, rid)), _fmt_ts(secs.ravel(), rng.random(n) < OFFSET_SHARE),
         _fmt(np.repeat(st_lat, 24), 4), _fmt(np.repeat(st_lon, 24), 4), _fmt(gust.ravel(), 1),
         _fmt(rain.ravel(), 2), _fmt(pres.ravel(), 1)])
@@ -301,22 +341,13 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
         The ground-truth dict, also written to ``<landing>/_truth/scenario.json``.
     """
     landing = Path(landing)
-    first = regions[0]
     start_day = dt.date.fromisoformat(start)
     refs = []
     for ri, region in enumerate(regions):
         ref = _reference(region, ri, seed)
-        ref["first"] = first
+        ref["first"] = regions[0]
         refs.append(ref)
-    cust_rows = [(c, r.region_id, f, str(n)) for r, ref in zip(regions, refs, strict=True) for c, f, n in ref["feeders"]]
-    _write_csv(landing / "reference" / "customers.csv", ["cell_id", "region_id", "feeder_id", "customers"],
-               [pa.array(list(col)) for col in zip(*cust_rows, strict=True)])
-    terr = [pa.concat_arrays(x) for x in zip(*[
-        (pa.array(ref["cells"]), pa.array(np.full(len(ref["cells"]), r.region_id)), _fmt(ref["elevation"], 1),
-         _fmt(ref["slope"], 2), _fmt(ref["veg"], 3), pa.array(np.where(ref["flood"], "true", "false")))
-        for r, ref in zip(regions, refs, strict=True)], strict=True)]
-    _write_csv(landing / "reference" / "terrain.csv",
-               ["cell_id", "region_id", "elevation_m", "slope_deg", "vegetation_index", "flood_zone"], terr)
+    customers_rows = _write_reference(landing, regions, refs)
     parts: dict[str, dict] = {}
     total, done = len(regions) * days, 0
     for ri, (region, ref) in enumerate(zip(regions, refs, strict=True)):
@@ -327,20 +358,39 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
             done += 1
             if progress is not None:
                 progress("partitions", done, total)
-    hours = np.arange(days * 24, dtype=float)
-    tlat, tlon, tv = storm_position(hours, first, seed)
     truth = {
         "seed": seed,
         "params": {"days": days, "start": start, "rows_per_partition": rows_per_partition, "bad_rows": bad_rows,
                    "regions": [r.region_id for r in regions], "h3_resolution": RES},
-        "storm": {"track": [{"time": (dt.datetime.combine(start_day, dt.time(), dt.UTC) + dt.timedelta(hours=int(h)))
-                             .isoformat(), "lat": round(float(a), 4), "lon": round(float(b), 4),
-                             "max_gust_ms": round(float(v), 2)} for h, a, b, v in zip(hours, tlat, tlon, tv, strict=True)]},
+        "storm": {"track": _storm_track(regions[0], start_day, days, seed)},
         "reference": {"cells": {r.region_id: len(ref["cells"]) for r, ref in zip(regions, refs, strict=True)},
-                      "customers_rows": len(cust_rows), "terrain_rows": sum(len(ref["cells"]) for ref in refs)},
+                      "customers_rows": customers_rows, "terrain_rows": sum(len(ref["cells"]) for ref in refs)},
         "partitions": parts,
     }
     out = landing / "_truth" / "scenario.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(truth, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     return truth
+
+
+def _write_reference(landing: Path, regions: Sequence[Region], refs: Sequence[dict]) -> int:
+    """Write the customers and terrain of every region to the reference files; return the customers rows."""
+    cust_rows = [(c, r.region_id, f, str(n)) for r, ref in zip(regions, refs, strict=True) for c, f, n in ref["feeders"]]
+    _write_csv(landing / CUSTOMERS_FILE, CUSTOMERS_CSV_COLUMNS,
+               [pa.array(list(col)) for col in zip(*cust_rows, strict=True)])
+    terr = [pa.concat_arrays(x) for x in zip(*[
+        (pa.array(ref["cells"]), pa.array(np.full(len(ref["cells"]), r.region_id)), _fmt(ref["elevation"], 1),
+         _fmt(ref["slope"], 2), _fmt(ref["veg"], 3), pa.array(np.where(ref["flood"], "true", "false")))
+        for r, ref in zip(regions, refs, strict=True)], strict=True)]
+    _write_csv(landing / TERRAIN_FILE, TERRAIN_CSV_COLUMNS, terr)
+    return len(cust_rows)
+
+
+def _storm_track(first: Region, start_day: dt.date, days: int, seed: int) -> list[dict]:
+    """The storm centre and peak gust at every hour of the scenario."""
+    hours = np.arange(days * 24, dtype=float)
+    tlat, tlon, tv = storm_position(hours, first, seed)
+    t0 = dt.datetime.combine(start_day, dt.time(), dt.UTC)
+    return [{"time": (t0 + dt.timedelta(hours=int(h))).isoformat(), "lat": round(float(a), 4),
+             "lon": round(float(b), 4), "max_gust_ms": round(float(v), 2)}
+            for h, a, b, v in zip(hours, tlat, tlon, tv, strict=True)]

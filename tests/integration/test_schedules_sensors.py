@@ -247,8 +247,8 @@ def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, s
 
 def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, str], instance) -> None:
     from assets import ingest
-    from assets.materialize import build_runner
     from assets.context import PartitionRef
+    from assets.materialize import build_runner
     run = instance.create_run_for_job(_storm_job(), status=dg.DagsterRunStatus.STARTED,
                                       tags={"dagster/partition": KEY})
     with dg.build_resources(_resources()) as res:  # resolves the EnvVar DSN like a run would
@@ -295,8 +295,8 @@ def test_outbox_reports_failures_and_reads_in_batches(sl_env: dict[str, str], in
 # ---- a failing grader stops the phases after it -------------------------------------------------
 def _failing_enrich_asset() -> dg.AssetsDefinition:
     from assets import enrich
-    from assets.materialize import asset_options, materialize_phase
     from assets.checks import Check
+    from assets.materialize import asset_options, materialize_phase
 
     def failing_grade(io, out):
         yield from enrich.grade(io, out)

@@ -10,7 +10,8 @@ from pathlib import Path
 import h3
 import pytest
 
-from pipeline.tools.generate import BAD_KINDS, OUTAGE_COLUMNS, WEATHER_COLUMNS, generate_scenario
+from assets.schemas import OUTAGES_CSV_COLUMNS, WEATHER_CSV_COLUMNS
+from pipeline.tools.generate import BAD_KINDS, generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
 
 ROWS = 4000
@@ -79,12 +80,12 @@ def test_exact_row_counts_and_truth_file(scenario: tuple[Path, dict], regions: l
     assert len(truth["storm"]["track"]) == 48
     for key, part in truth["partitions"].items():
         outages = _lines(root / key / "outages.csv")
-        assert outages[0] == ",".join(OUTAGE_COLUMNS)
+        assert outages[0] == ",".join(OUTAGES_CSV_COLUMNS)
         assert len(outages) - 1 == ROWS == part["rows"]["outages"]
         assert part["rows"]["bad"] == len(part["bad_rows"]) == round(0.01 * ROWS)
         assert part["rows"]["good"] == ROWS - part["rows"]["bad"]
         weather = _lines(root / key / "weather.csv")
-        assert weather[0] == ",".join(WEATHER_COLUMNS)
+        assert weather[0] == ",".join(WEATHER_CSV_COLUMNS)
         assert len(weather) - 1 == part["rows"]["weather"] > 0
         assert 2 <= len(part["clusters"]) <= 3
         for cl in part["clusters"]:
@@ -107,10 +108,10 @@ def test_bad_rows_are_malformed_as_recorded(scenario: tuple[Path, dict], regions
             kind = bad["kind"]
             kinds_seen.add(kind)
             if kind == "wrong_column_count":
-                assert len(fields) != len(OUTAGE_COLUMNS)
+                assert len(fields) != len(OUTAGES_CSV_COLUMNS)
                 continue
-            assert len(fields) == len(OUTAGE_COLUMNS), raw
-            row = dict(zip(OUTAGE_COLUMNS, fields, strict=True))
+            assert len(fields) == len(OUTAGES_CSV_COLUMNS), raw
+            row = dict(zip(OUTAGES_CSV_COLUMNS, fields, strict=True))
             if kind == "lat_not_numeric":
                 with pytest.raises(ValueError):
                     float(row["lat"])
@@ -151,7 +152,7 @@ def test_good_rows_follow_the_contract(scenario: tuple[Path, dict], regions: lis
             for line, fields in enumerate(csv.reader(fh), start=1):
                 if line == 1 or line in bad:
                     continue
-                row = dict(zip(OUTAGE_COLUMNS, fields, strict=True))
+                row = dict(zip(OUTAGES_CSV_COLUMNS, fields, strict=True))
                 assert row["event_id"] and row["event_id"] not in seen
                 seen.add(row["event_id"])
                 assert row["region_id"] == rid and row["cause"]
