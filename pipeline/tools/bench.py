@@ -9,12 +9,13 @@ home ``$STORMLAKE_HOME/bench`` (wiped at the start):
     are needed; the first P keys in (day, region) order are run). Generated once, before any
     timed run, and shared read-only by every run (``STORMLAKE_LANDING``).
 ``bench/bare-<n>``
-    (a) **bare**: a plain loop over the partitions calling the transform functions
-    (``ingest_partition``, ``enrich_outages``, ``correlate_storm``, ``summarize``,
-    ``render_artifacts``) with the data passed in memory (as Arrow tables, converted to pandas
-    exactly as the phases read them), the same predicate overwrite (``write_deltalake``) of each
-    partition of the ten tables into its own lake, and the artifacts written by the same file
-    target. No Dagster, no ledger.
+    (a) **bare**: a plain loop over the partitions calling each phase's own ``compute`` (in the
+    order of :data:`assets.phases.PHASES`) with a :class:`BareContext`: a read is the partition
+    of a table as this loop wrote it, kept in memory (as the pipeline's lake keeps a partition
+    it wrote for a later reader in the same process), outside calls are made directly, and no
+    fault is injected. Each partition of every table a phase returns is written by a predicate
+    overwrite (``write_deltalake``) into the run's own lake, and the artifacts by the same file
+    target as the pipeline's. No Dagster run, no ledger.
 ``bench/pipeline-<n>``
     (b) **pipeline**: :func:`pipeline.orchestrate.run_partitions` (the code path of
     ``stormlake backfill``), then (c) **rerun**: the same call again over the published
@@ -23,8 +24,8 @@ home ``$STORMLAKE_HOME/bench`` (wiped at the start):
     (d) **resume**: a fresh home and database. A first run with
     ``STORMLAKE_FAULTS=correlate.mid_transform=raise`` fails every partition inside correlate
     (ingest and enrich completed); the timed second run, without the fault, completes them.
-    ``resume_target`` is the share of correlate + present in the clean run (b), from the
-    ledger's checkpoints (``completed_at - created_at`` of each head, summed per phase), + 0.05.
+    ``resume_target`` is the share of the phases from correlate on in the clean run (b), from
+    the ledger's checkpoints (``completed_at - created_at`` of each head, summed per phase), + 0.05.
 
 (e) **checkpoint_commit_ms**: 4 writer processes, each with its own :class:`Ledger` (own pool),
 claim (``Ledger.claim``), record the phase's calls, then ``complete()`` checkpoints of
@@ -40,7 +41,9 @@ are measured side by side: each turn's own (its pipeline over its bare, its resu
 pipeline, and its target from its pipeline's phase seconds) are listed under ``turns``, and
 ``ratios`` holds their median. A machine that changes speed during the bench (a shared host
 does) then moves both sides of a ratio together, where fastest-over-fastest could pair a
-sample of a fast minute with one of a slow minute. A failed sample fails the bench.
+sample of a fast minute with one of a slow minute. A failed sample fails the bench, and so does
+a turn whose bare and pipeline lakes hold different rows of the last phase's tables
+(``region_day_summary``).
 
 Every run is its own child process (``python -m pipeline.tools.bench --child STAGE SPEC``), so that
 its peak RSS (``ru_maxrss``) is its own; the child reports through a JSON file (its stdout goes
@@ -74,13 +77,30 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from assets.phases import PHASES
+from resources.files import write_atomic
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pandas as pd
+    import pyarrow as pa
+
+    from assets.context import PartitionRef
+    from resources.landing import Landing
+    from resources.publisher import FileTarget
 
 SKIPPABLE = ("resume", "commit")
 COMMIT_WRITERS = 4
 COMMIT_ITERATIONS = 250
-FAULT = "correlate.mid_transform=raise"
+FAULT_PHASE = "correlate"  # the phase every partition of the resume measurement first fails in
+FAULT = f"{FAULT_PHASE}.mid_transform=raise"
+# The phases a resumed run still has to do: the faulted one and those after it.
+RESUMED_PHASES = tuple(p.name for p in PHASES[[p.name for p in PHASES].index(FAULT_PHASE):])
 TARGETS = {
     "pipeline_vs_bare": 1.15,
     "rerun_vs_pipeline": 0.05,
@@ -230,86 +250,120 @@ def _regions_by_id() -> dict[str, Any]:
     return {r.region_id: r for r in load_regions(load_settings().regions_file)}
 
 
-def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
-    import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+# ---- (a) bare: the phases' compute functions in a plain loop ---------------------------------
+@dataclass(frozen=True)
+class BareCheckpoint:
+    """What a later phase reads of an earlier one's checkpoint: ``summary["rows"]``, rows per table."""
 
-    from assets.schemas import (
-        CELL_HOUR_STATS,
-        CELL_RISK,
-        OUTAGES_ENRICHED,
-        PARTITION_COLUMNS,
-        REGION_DAY_SUMMARY,
-        SCHEMAS,
-        STORM_CLUSTERS,
-    )
-    from assets.transforms.correlate import correlate_storm
-    from assets.transforms.enrich import enrich_outages
-    from assets.transforms.ingest import ingest_partition
-    from assets.transforms.present import render_artifacts, summarize
-    from resources.publisher import Artifact, FileTarget
-    from resources.settings import load_settings
+    summary: dict[str, Any]
 
-    settings = load_settings()
-    regions = _regions_by_id()
-    known = sorted(regions)
-    lake = settings.lake
-    target = FileTarget(settings.publish_dir)
-    phases = {"ingest": 0.0, "enrich": 0.0, "correlate": 0.0, "present": 0.0}
 
-    def write(table: str, data: pa.Table, region_id: str, day: str) -> None:
+class BareContext:
+    """What a phase's compute function uses, served by the bare loop instead of the ledger.
+
+    A read is the partition of a table as the loop wrote it, kept in memory, as the pipeline's
+    lake keeps a partition it wrote for a later reader in the same process; ``upstream`` holds
+    the checkpoints of the phases already run for the partition; an outside call is made
+    directly and no fault is injected.
+    """
+
+    def __init__(self, landing: Landing, partition: PartitionRef, known_regions: list[str],
+                 written: dict[str, pa.Table], upstream: dict[str, BareCheckpoint]):
+        self.landing = landing
+        self.partition = partition
+        self.known_regions = known_regions
+        self.written = written
+        self.upstream = upstream
+
+    def read(self, table: str) -> pd.DataFrame:
+        return self.read_arrow(table).to_pandas()
+
+    def read_arrow(self, table: str) -> pa.Table:
+        """This partition of ``table``, as written to the loop's lake (in the table's schema)."""
+        return self.written[table]
+
+    def fault_point(self) -> None:
+        """No fault is injected in the bare loop."""
+
+    def call(self, kind: str, name: str, input: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Make the call: the bare loop records nothing."""
+        return fn()
+
+
+class BareLoop:
+    """Runs every phase of a partition through its ``compute`` and writes what it returns."""
+
+    def __init__(self, lake: str, landing: Landing, known_regions: list[str], target: FileTarget):
+        import importlib
+
+        self.lake = lake
+        self.landing = landing
+        self.known_regions = known_regions
+        self.target = target
+        # A phase's compute function lives in the module of the phase's name (assets/ingest.py, ...).
+        self.steps = [(phase, importlib.import_module(f"assets.{phase.name}").compute) for phase in PHASES]
+
+    def create_tables(self) -> None:
+        from deltalake import DeltaTable
+
+        from assets.schemas import PARTITION_COLUMNS, SCHEMAS
+
+        Path(self.lake).mkdir(parents=True, exist_ok=True)
+        for table, schema in SCHEMAS.items():
+            DeltaTable.create(f"{self.lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS)
+
+    def run_partition(self, part: PartitionRef) -> dict[str, float]:
+        """Every phase of the partition in order; the seconds each took (compute, writes, deliveries)."""
+        written: dict[str, pa.Table] = {}
+        upstream: dict[str, BareCheckpoint] = {}
+        seconds: dict[str, float] = {}
+        for phase, compute in self.steps:
+            t = time.perf_counter()
+            out = compute(BareContext(self.landing, part, self.known_regions, written, upstream))
+            for table in phase.tables:
+                written[table] = self.write(table, out.tables[table], part)
+            for artifact in out.artifacts:
+                self.target.deliver(artifact, supersedes=None)
+            upstream[phase.name] = BareCheckpoint({"rows": {t: d.num_rows for t, d in out.tables.items()}})
+            seconds[phase.name] = time.perf_counter() - t
+        return seconds
+
+    def write(self, table: str, data: pa.Table, part: PartitionRef) -> pa.Table:
+        """Replace the partition of ``table`` with ``data`` (a predicate overwrite); the rows written."""
+        from deltalake import write_deltalake
+
+        from assets.schemas import PARTITION_COLUMNS, SCHEMAS
+
         schema = SCHEMAS[table]
         data = data.select(schema.names).cast(schema)
-        predicate = f"region_id = '{region_id}' AND day = '{day}'"
-        write_deltalake(f"{lake}/{table}", data, mode="overwrite", predicate=predicate,
+        predicate = f"region_id = '{part.region.region_id}' AND day = '{part.day}'"
+        write_deltalake(f"{self.lake}/{table}", data, mode="overwrite", predicate=predicate,
                         partition_by=PARTITION_COLUMNS)
+        return data
 
+
+def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
+    from assets.context import PartitionRef
+    from assets.runner import prepare_process
+    from resources.landing import Landing
+    from resources.publisher import FileTarget
+    from resources.settings import load_settings
+
+    prepare_process()  # the same allocator and collector settings as a process running the pipeline
+    settings = load_settings()
+    regions = _regions_by_id()
+    loop = BareLoop(settings.lake, Landing(settings.landing), sorted(regions), FileTarget(settings.publish_dir))
+    keys = spec["keys"]
+    phases = dict.fromkeys((p.name for p in PHASES), 0.0)
     t0 = time.perf_counter()
-    Path(lake).mkdir(parents=True, exist_ok=True)
-    for table, schema in SCHEMAS.items():
-        DeltaTable.create(f"{lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS)
-    rows = 0
-    for n, key in enumerate(spec["keys"], 1):
-        day, _, rid = key.partition("|")
-        region = regions[rid]
+    loop.create_tables()
+    for n, key in enumerate(keys, 1):
         t = time.perf_counter()
-        res = ingest_partition(settings.landing, region, day, known_regions=known)
-        ingest_tables = {"outages_raw": res.outages, "weather_raw": res.weather, "customers_ref": res.customers,
-                         "terrain_ref": res.terrain, "quarantine": res.quarantine}
-        for table, data in ingest_tables.items():
-            write(table, data, rid, day)
-        rows += res.outages.num_rows + res.quarantine.num_rows
-        t1 = time.perf_counter()
-        outages, weather = res.outages.to_pandas(), res.weather.to_pandas()
-        customers, terrain = res.customers.to_pandas(), res.terrain.to_pandas()
-        enriched_t = pa.Table.from_pandas(
-            enrich_outages(outages, weather, customers, terrain, region=region, day=day),
-            schema=OUTAGES_ENRICHED, preserve_index=False)
-        write("outages_enriched", enriched_t, rid, day)
-        t2 = time.perf_counter()
-        enriched = enriched_t.to_pandas()
-        cell_hour, cell_risk, clusters = correlate_storm(enriched, weather, customers, terrain, region=region, day=day)
-        corr = {"cell_hour_stats": pa.Table.from_pandas(cell_hour, schema=CELL_HOUR_STATS, preserve_index=False),
-                "cell_risk": pa.Table.from_pandas(cell_risk, schema=CELL_RISK, preserve_index=False),
-                "storm_clusters": pa.Table.from_pandas(clusters, schema=STORM_CLUSTERS, preserve_index=False)}
-        for table, data in corr.items():
-            write(table, data, rid, day)
-        t3 = time.perf_counter()
-        cell_hour, cell_risk, clusters = (corr[t].to_pandas() for t in ("cell_hour_stats", "cell_risk", "storm_clusters"))
-        summary = summarize(region=region, day=day, enriched=enriched, cell_hour=cell_hour, cell_risk=cell_risk,
-                            clusters=clusters, customers=customers, quarantined_rows=res.quarantine.num_rows)
-        rendered = render_artifacts(region=region, day=day, summary=summary, cell_hour=cell_hour,
-                                    cell_risk=cell_risk, clusters=clusters, enriched=enriched)
-        write("region_day_summary", pa.Table.from_pandas(summary, schema=REGION_DAY_SUMMARY, preserve_index=False),
-              rid, day)
-        for kind in sorted(rendered):
-            target.deliver(Artifact(rid, day, kind, rendered[kind]), supersedes=None)
-        t4 = time.perf_counter()
-        for name, sec in zip(phases, (t1 - t, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        for name, sec in loop.run_partition(PartitionRef.parse(key, regions)).items():
             phases[name] += sec
-        sys.stderr.write(f"bench: bare {n}/{len(spec['keys'])} {key} {t4 - t:.1f}s\n")
+        _say(f"bare {n}/{len(keys)} {key} {time.perf_counter() - t:.1f}s")
     wall = time.perf_counter() - t0
-    return {"ok": True, "wall_s": wall, "peak_rss_mb": _rss_mb(), "phases": phases, "rows_read": rows}
+    return {"ok": True, "wall_s": wall, "peak_rss_mb": _rss_mb(), "phases": phases}
 
 
 def _point_dagster(dagster_dsn: str) -> None:
@@ -465,13 +519,49 @@ def child_main(argv: list[str]) -> int:
     spec = json.loads(Path(ns.spec).read_text())
     kind = spec.get("kind", ns.child)
     result = CHILDREN[kind](spec)
-    tmp = Path(spec["out"]).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, spec["out"])
+    write_atomic(spec["out"], json.dumps(result))
     return 0
 
 
 # ---- the parent --------------------------------------------------------------------------
+@dataclass
+class Scratch:
+    """Where one bench's runs happen: the scenario they share, their homes and databases."""
+
+    bench: Path  # $STORMLAKE_HOME/bench: a home per run below it
+    landing: Path  # the generated scenario, read-only for every run
+    work: Path  # the children's spec and result files
+    keys: list[str]  # the partitions every run runs
+    dbs: Databases
+
+    def env(self, home: Path, ledger_dsn: str | None, faults: str | None = None) -> dict[str, str]:
+        return _child_env(home, self.landing, ledger_dsn, faults)
+
+    def run(self, stage: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+        """Run one child and report it on stderr under its measurement (``stage`` up to a ``-``); its result."""
+        res = run_child(stage, spec, env, self.work)
+        _report_stage(stage.split("-")[0], res)
+        return res
+
+
+@dataclass
+class Tally:
+    """What the runs gave: each measurement's fastest result and the wall seconds of every sample."""
+
+    samples: dict[str, list[float | None]]  # the measurements taking turns, sample by sample
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    turn_phases: list[dict[str, float] | None] = field(default_factory=list)  # each turn's pipeline phase seconds
+    extra: dict[str, Any] = field(default_factory=dict)
+    best_pipeline: tuple[Path, dict[str, Any], str] | None = None  # home, spec, ledger DSN of the fastest
+    disagreements: list[str] = field(default_factory=list)
+
+    def add(self, name: str, res: dict[str, Any]) -> bool:
+        """Count a sample of ``name``; whether it is now that measurement's fastest."""
+        self.samples[name].append(res.get("wall_s") if res.get("ok") else None)
+        self.results[name] = _faster(self.results.get(name), res)
+        return self.results[name] is res
+
+
 def _run_figures(res: dict[str, Any] | None, rows: int) -> dict[str, float] | None:
     if not res or not res.get("ok") or not res.get("wall_s"):
         return None
@@ -485,29 +575,116 @@ def _ratio(a: dict[str, float] | None, b: dict[str, float] | None) -> float | No
     return round(a["wall_s"] / b["wall_s"], 4)
 
 
-def _resume_sample(r: int, of: str, keys: list[str], dbs: Databases, bench: Path, landing: Path,
-                   work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(d), sample ``r``: a run failing every partition in correlate, then the timed resume; their results."""
-    ledger_dsn, dagster_dsn = dbs.create()
-    spec = {"kind": "pipeline", "keys": keys, "dagster_dsn": dagster_dsn}
-    home = bench / f"resume-{r}"
-    _say(f"(d) resume{of}: first run with STORMLAKE_FAULTS={FAULT} (fails in correlate, as intended)")
-    fault = run_child(f"resume-fault-{r}", spec, _child_env(home, landing, ledger_dsn, faults=FAULT), work)
-    st = fault.get("statuses", {})
-    if fault.get("ok") or st.get("correlate", {}).get("FAILED", 0) != len(keys):
-        _say(f"warning: the faulted run did not fail every partition in correlate: {st}")
-    _say(f"(d) resume{of}: the second run, timed")
-    res = run_child(f"resume-{r}", spec, _child_env(home, landing, ledger_dsn), work)
-    _report_stage("resume", res)
+def _published_rows(home: Path) -> dict[str, list[dict[str, Any]]]:
+    """The rows of the last phase's tables in a run's lake, in partition order."""
+    from deltalake import DeltaTable
+
+    from assets.schemas import SCHEMAS
+
+    rows = {}
+    for table in PHASES[-1].tables:
+        data = DeltaTable(str(home / "lake" / table)).to_pyarrow_dataset().to_table(use_threads=False)
+        rows[table] = sorted(data.select(SCHEMAS[table].names).to_pylist(), key=lambda r: (r["region_id"], r["day"]))
+    return rows
+
+
+def _same_rows(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two lists of rows are equal, NaN equal to NaN."""
+    def same(x: Any, y: Any) -> bool:
+        return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+    return len(a) == len(b) and all(ra.keys() == rb.keys() and all(same(ra[k], rb[k]) for k in ra)
+                                    for ra, rb in zip(a, b, strict=True))
+
+
+def _compare_lakes(r: int, bare: dict[str, list[dict[str, Any]]] | None,
+                   pipeline: dict[str, list[dict[str, Any]]] | None, tally: Tally) -> None:
+    """Turn ``r``: the bare and the pipeline run must have written the same rows of the last phase."""
+    if bare is None or pipeline is None:
+        return  # a failed run is reported as such
+    for table in PHASES[-1].tables:
+        if _same_rows(bare[table], pipeline[table]):
+            _say(f"turn {r}: bare and pipeline wrote the same {table} rows ({len(bare[table])})")
+        else:
+            tally.disagreements.append(f"turn {r}: bare and pipeline wrote different {table} rows")
+
+
+def _bare_sample(r: int, of: str, scratch: Scratch, tally: Tally) -> dict[str, list[dict[str, Any]]] | None:
+    """(a), sample ``r``; the rows of the last phase's tables it wrote."""
+    home = scratch.bench / f"bare-{r}"
+    _say(f"(a) bare{of}: the phases' compute functions + Delta writes, no Dagster run, no ledger")
+    bare = scratch.run(f"bare-{r}", {"kind": "bare", "keys": scratch.keys}, scratch.env(home, None))
+    rows = _published_rows(home) if bare.get("ok") else None
     shutil.rmtree(home, ignore_errors=True)
-    return fault, res
+    tally.add("bare", bare)
+    return rows
 
 
-def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
-    """Run the benchmark of the module docstring; print the table or the JSON; 0 when every run succeeded."""
-    from pipeline.tools.generate import generate_scenario
+def _pipeline_sample(r: int, of: str, scratch: Scratch, tally: Tally) -> dict[str, list[dict[str, Any]]] | None:
+    """(b), sample ``r``; the rows of the last phase's tables it wrote. The fastest sample's home is kept."""
+    ledger_dsn, dagster_dsn = scratch.dbs.create()
+    home = scratch.bench / f"pipeline-{r}"
+    spec = {"kind": "pipeline", "keys": scratch.keys, "dagster_dsn": dagster_dsn}
+    _say(f"(b) pipeline{of}: run_partitions through Dagster with the ledger")
+    pipe = scratch.run(f"pipeline-{r}", spec, scratch.env(home, ledger_dsn))
+    rows = _published_rows(home) if pipe.get("ok") else None
+    tally.turn_phases.append(phase_seconds(ledger_dsn) if pipe.get("ok") else None)
+    if tally.add("pipeline", pipe):
+        if tally.best_pipeline is not None:
+            shutil.rmtree(tally.best_pipeline[0], ignore_errors=True)
+        tally.best_pipeline = (home, spec, ledger_dsn)
+        tally.extra["pipeline_phases"] = tally.turn_phases[-1]
+    else:
+        shutil.rmtree(home, ignore_errors=True)
+    return rows
+
+
+def _resume_sample(r: int, of: str, scratch: Scratch, tally: Tally) -> None:
+    """(d), sample ``r``: a run failing every partition in the faulted phase, then the timed resume."""
+    ledger_dsn, dagster_dsn = scratch.dbs.create()
+    spec = {"kind": "pipeline", "keys": scratch.keys, "dagster_dsn": dagster_dsn}
+    home = scratch.bench / f"resume-{r}"
+    _say(f"(d) resume{of}: first run with STORMLAKE_FAULTS={FAULT} (fails in {FAULT_PHASE}, as intended)")
+    fault = run_child(f"resume-fault-{r}", spec, scratch.env(home, ledger_dsn, faults=FAULT), scratch.work)
+    st = fault.get("statuses", {})
+    if fault.get("ok") or st.get(FAULT_PHASE, {}).get("FAILED", 0) != len(scratch.keys):
+        _say(f"warning: the faulted run did not fail every partition in {FAULT_PHASE}: {st}")
+    tally.extra["resume_fault"] = fault
+    _say(f"(d) resume{of}: the second run, timed")
+    tally.add("resume", scratch.run(f"resume-{r}", spec, scratch.env(home, ledger_dsn)))
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _take_turn(r: int, repeat: int, scratch: Scratch, tally: Tally) -> None:
+    """Turn ``r``: bare, pipeline (and resume), side by side; then compare what bare and pipeline wrote."""
+    of = f" ({r}/{repeat})" if repeat > 1 else ""
+    bare_rows = _bare_sample(r, of, scratch, tally)
+    pipeline_rows = _pipeline_sample(r, of, scratch, tally)
+    _compare_lakes(r, bare_rows, pipeline_rows, tally)
+    if "resume" in tally.samples:
+        _resume_sample(r, of, scratch, tally)
+
+
+def _rerun(scratch: Scratch, tally: Tally) -> None:
+    """(c): the fastest pipeline sample's partitions again, on its home and ledger."""
+    assert tally.best_pipeline is not None
+    home, spec, ledger_dsn = tally.best_pipeline
+    _say("(c) rerun: the same partitions again")
+    tally.results["rerun"] = scratch.run("rerun", spec, scratch.env(home, ledger_dsn))
+
+
+def _measure_commits(scratch: Scratch, tally: Tally, day: str) -> None:
+    """(e): concurrent writers committing checkpoints in a database of their own."""
+    commit_dsn, _ = scratch.dbs.create()
+    _say(f"(e) checkpoint commits: {COMMIT_WRITERS} writers x {COMMIT_ITERATIONS} claim+complete cycles")
+    spec = {"kind": "commit", "ledger_dsn": commit_dsn, "writers": COMMIT_WRITERS,
+            "iterations": COMMIT_ITERATIONS, "day": day}
+    tally.results["commit"] = scratch.run("commit", spec, scratch.env(scratch.bench / "commit", commit_dsn))
+
+
+def _parse_skip(args: argparse.Namespace) -> set[str]:
+    """The measurements ``--skip`` leaves out, after checking the arguments."""
     from resources.errors import ConfigError
-    from resources.settings import load_regions
 
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
     unknown = sorted(skip - set(SKIPPABLE))
@@ -517,121 +694,99 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
         raise ConfigError("--rows-per-partition must be at least 1")
     if args.repeat < 1:
         raise ConfigError("--repeat must be at least 1")
+    return skip
+
+
+def _prepare(args: argparse.Namespace, settings) -> Scratch:  # noqa: ANN001  (resources.settings.Settings)
+    """A wiped ``$STORMLAKE_HOME/bench`` with the scenario generated into its landing zone."""
+    from pipeline.tools.generate import generate_scenario
+    from resources.settings import load_regions
+
     regions = load_regions(settings.regions_file)
     n_regions, days, keys = plan_partitions(args.partitions, [r.region_id for r in regions], settings.first_day)
-    rows = len(keys) * args.rows_per_partition
-
     bench = settings.home / "bench"
     shutil.rmtree(bench, ignore_errors=True)
     bench.mkdir(parents=True)
     landing = bench / "landing"
-    work = Path(tempfile.mkdtemp(prefix="work-", dir=bench))
     t = time.perf_counter()
     _say(f"generating {n_regions} regions x {days} days x {args.rows_per_partition:,} outage rows into {landing}")
     generate_scenario(landing, regions[:n_regions], days=days, start=settings.first_day,
                       rows_per_partition=args.rows_per_partition, seed=args.seed,
                       progress=lambda _s, done, total: _say(f"generated {done}/{total} partitions"))
     _say(f"generated in {time.perf_counter() - t:.1f}s; running {len(keys)} partitions")
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=bench))
+    return Scratch(bench, landing, work, keys, Databases(settings.pg_dsn, settings.pgdata))
 
-    results: dict[str, dict[str, Any]] = {}
-    extra: dict[str, Any] = {}
-    samples: dict[str, list[float | None]] = {"bare": [], "pipeline": []}
-    repeat = args.repeat
-    dbs = Databases(settings.pg_dsn, settings.pgdata)
-    try:
-        turn_phases: list[dict[str, float] | None] = []  # each turn's pipeline phase seconds
-        if "resume" not in skip:
-            samples["resume"] = []
-        best_pipeline: tuple[Path, dict[str, Any], str] | None = None  # home, spec, ledger DSN of results["pipeline"]
-        for r in range(1, repeat + 1):
-            of = f" ({r}/{repeat})" if repeat > 1 else ""
-            _say(f"(a) bare{of}: transforms + Delta writes, no Dagster, no ledger")
-            bare = run_child(f"bare-{r}", {"kind": "bare", "keys": keys}, _child_env(bench / f"bare-{r}", landing, None), work)
-            _report_stage("bare", bare)
-            shutil.rmtree(bench / f"bare-{r}", ignore_errors=True)
-            samples["bare"].append(bare.get("wall_s") if bare.get("ok") else None)
-            results["bare"] = _faster(results.get("bare"), bare)
 
-            ledger_dsn, dagster_dsn = dbs.create()
-            home = bench / f"pipeline-{r}"
-            spec = {"kind": "pipeline", "keys": keys, "dagster_dsn": dagster_dsn}
-            _say(f"(b) pipeline{of}: run_partitions through Dagster with the ledger")
-            pipe = run_child(f"pipeline-{r}", spec, _child_env(home, landing, ledger_dsn), work)
-            _report_stage("pipeline", pipe)
-            samples["pipeline"].append(pipe.get("wall_s") if pipe.get("ok") else None)
-            turn_phases.append(phase_seconds(ledger_dsn) if pipe.get("ok") else None)
-            if _faster(results.get("pipeline"), pipe) is pipe:
-                if best_pipeline is not None:
-                    shutil.rmtree(best_pipeline[0], ignore_errors=True)
-                best_pipeline = (home, spec, ledger_dsn)
-                results["pipeline"] = pipe
-                extra["pipeline_phases"] = turn_phases[-1]
-            else:
-                shutil.rmtree(home, ignore_errors=True)
-            if "resume" in samples:
-                extra["resume_fault"], res = _resume_sample(r, of, keys, dbs, bench, landing, work)
-                samples["resume"].append(res.get("wall_s") if res.get("ok") else None)
-                results["resume"] = _faster(results.get("resume"), res)
-        assert best_pipeline is not None
-        home, spec, ledger_dsn = best_pipeline
-        _say("(c) rerun: the same partitions again")
-        results["rerun"] = run_child("rerun", spec, _child_env(home, landing, ledger_dsn), work)
-        _report_stage("rerun", results["rerun"])
-
-        if "commit" not in skip:
-            commit_dsn, _ = dbs.create()
-            _say(f"(e) checkpoint commits: {COMMIT_WRITERS} writers x {COMMIT_ITERATIONS} claim+complete cycles")
-            results["commit"] = run_child(
-                "commit", {"kind": "commit", "ledger_dsn": commit_dsn, "writers": COMMIT_WRITERS,
-                           "iterations": COMMIT_ITERATIONS, "day": settings.first_day},
-                _child_env(bench / "commit", landing, commit_dsn), work)
-            _report_stage("commit", results["commit"])
-
-    finally:
-        dbs.drop_all()
-
-    runs = {name: _run_figures(results.get(name), rows) for name in ("bare", "pipeline", "rerun", "resume")
-            if name in results}
-    turns = turn_ratios(samples, turn_phases)
+def bench_json(tally: Tally, partitions: int, rows_per_partition: int, repeat: int) -> dict[str, Any]:
+    """The report of contract section 9 (plus ``samples``) from what the runs gave."""
+    rows = partitions * rows_per_partition
+    runs = {name: _run_figures(tally.results.get(name), rows) for name in ("bare", "pipeline", "rerun", "resume")
+            if name in tally.results}
+    turns = turn_ratios(tally.samples, tally.turn_phases)
     ratios: dict[str, float | None] = {
         "pipeline_vs_bare": _median([t.get("pipeline_vs_bare") for t in turns]),
         "rerun_vs_pipeline": _ratio(runs.get("rerun"), runs.get("pipeline")),
     }
-    if "resume" in results:
+    if "resume" in tally.results:
         ratios["resume_vs_pipeline"] = _median([t.get("resume_vs_pipeline") for t in turns])
         ratios["resume_target"] = _median([t.get("resume_target") for t in turns])
-    out: dict[str, Any] = {"config": {"partitions": len(keys), "rows_per_partition": args.rows_per_partition,
+    out: dict[str, Any] = {"config": {"partitions": partitions, "rows_per_partition": rows_per_partition,
                                       "repeat": repeat},
                            "runs": runs, "ratios": ratios, "turns": turns,
                            "samples": {name: [None if w is None else round(w, 3) for w in ws]
-                                       for name, ws in samples.items()}}
-    if "commit" in results:
-        c = results["commit"]
+                                       for name, ws in tally.samples.items()}}
+    if "commit" in tally.results:
+        c = tally.results["commit"]
         out["checkpoint_commit_ms"] = ({"p50": round(c["p50"], 3), "p99": round(c["p99"], 3)}
                                        if c.get("ok") else None)
+    return out
 
-    table = render_table(out, results, extra, embedded=dbs.embedded)
+
+def _failures(tally: Tally) -> list[str]:
+    """What went wrong, one line each: failed runs, failed samples, bare and pipeline disagreeing."""
+    failed = [name for name, res in tally.results.items() if not res.get("ok")]
+    lines = [f"{name} failed: {tally.results[name].get('error') or tally.results[name].get('errors') or 'see the output above'}"
+             for name in failed]
+    lines += [f"{name} (sample {i}) failed: see the output above" for name, ws in tally.samples.items()
+              for i, w in enumerate(ws, 1) if w is None and name not in failed]
+    return lines + tally.disagreements
+
+
+def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
+    """Run the benchmark of the module docstring; print the table or the JSON; 0 when every run succeeded."""
+    skip = _parse_skip(args)
+    scratch = _prepare(args, settings)
+    dbs = scratch.dbs
+    tally = Tally(samples={name: [] for name in ("bare", "pipeline", "resume") if name not in skip})
+    try:
+        for r in range(1, args.repeat + 1):
+            _take_turn(r, args.repeat, scratch, tally)
+        _rerun(scratch, tally)
+        if "commit" not in skip:
+            _measure_commits(scratch, tally, settings.first_day)
+    finally:
+        dbs.drop_all()
+    out = bench_json(tally, len(scratch.keys), args.rows_per_partition, args.repeat)
+    table = render_table(out, tally.results, tally.extra, embedded=dbs.embedded)
     if args.json:
         sys.stderr.write(table + "\n")
         print(json.dumps(out, indent=2))
     else:
         print(table)
-    failed = [name for name, res in results.items() if not res.get("ok")]
-    failed += [f"{name} (sample {i})" for name, ws in samples.items() for i, w in enumerate(ws, 1)
-               if w is None and name not in failed]
-    for name in failed:
-        res = results.get(name, {})
-        _say(f"{name} failed: {res.get('error') or res.get('errors') or 'see the output above'}")
-    shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    failures = _failures(tally)
+    for line in failures:
+        _say(line)
+    shutil.rmtree(scratch.work, ignore_errors=True)
+    return 1 if failures else 0
 
 
 def _share_target(phases: dict[str, float] | None) -> float | None:
-    """Share of correlate + present in a clean run's phase seconds, + 0.05: the resume target."""
+    """Share of the resumed phases in a clean run's phase seconds, + 0.05: the resume target."""
     total = sum((phases or {}).values())
     if not phases or not total:
         return None
-    return round((phases.get("correlate", 0.0) + phases.get("present", 0.0)) / total + 0.05, 4)
+    return round(sum(phases.get(name, 0.0) for name in RESUMED_PHASES) / total + 0.05, 4)
 
 
 def turn_ratios(samples: dict[str, list[float | None]],
@@ -680,19 +835,16 @@ def _report_stage(name: str, res: dict[str, Any]) -> None:
         _say(f"{name}: {res['wall_s']:.2f}s, peak RSS {res['peak_rss_mb']:.0f} MB")
 
 
+# ---- the table ---------------------------------------------------------------------------
 def _mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "NOT MET")
 
 
-def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra: dict[str, Any], *,
-                 embedded: bool) -> str:
-    """The human-readable report: runs, phase seconds, targets."""
+def _run_lines(out: dict[str, Any]) -> list[str]:
+    """One line per run: its fastest sample's figures, and every sample when there are several."""
     cfg = out["config"]
-    lines = [f"stormlake bench: {cfg['partitions']} partitions x {cfg['rows_per_partition']:,} outage rows "
-             f"({cfg['partitions'] * cfg['rows_per_partition']:,} rows); ledger on "
-             f"{'the embedded PostgreSQL' if embedded else 'STORMLAKE_PG_DSN'}", ""]
-    lines.append(f"{'run':<10}{'wall s':>10}{'rows/s':>14}{'peak RSS MB':>14}  samples (s)")
     samples = out.get("samples", {})
+    lines = [f"{'run':<10}{'wall s':>10}{'rows/s':>14}{'peak RSS MB':>14}  samples (s)"]
     for name, fig in out["runs"].items():
         each = ", ".join("failed" if w is None else f"{w:.2f}" for w in samples.get(name, []))
         if fig is None:
@@ -704,50 +856,73 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
         turns = "bare, pipeline and resume" if "resume" in out["runs"] else "bare and pipeline"
         lines.append(f"({turns} took turns {cfg['repeat']} times; each run's figures are its fastest sample;"
                      " the ratios are the median of each turn's own)")
-    bare_ph = results.get("bare", {}).get("phases") or {}
-    pipe_ph = extra.get("pipeline_phases") or {}
-    if bare_ph or pipe_ph:
-        lines += ["", f"{'phase seconds (all partitions)':<34}" + "".join(f"{p:>11}" for p in
-                                                                        ("ingest", "enrich", "correlate", "present"))]
-        for label, ph in (("bare (in the loop)", bare_ph), ("pipeline (ledger claim->commit)", pipe_ph)):
-            if ph:
-                lines.append(f"{label:<34}" + "".join(f"{ph.get(p, 0.0):>11.2f}" for p in
-                                                      ("ingest", "enrich", "correlate", "present")))
-    r = out["ratios"]
-    runs = out["runs"]
+    return lines
+
+
+def _phase_lines(bare: dict[str, float], pipeline: dict[str, float]) -> list[str]:
+    """Seconds per phase, summed over the partitions, of the bare and the pipeline run."""
+    if not bare and not pipeline:
+        return []
+    names = [p.name for p in PHASES]
+    lines = ["", f"{'phase seconds (all partitions)':<34}" + "".join(f"{name:>11}" for name in names)]
+    for label, ph in (("bare (in the loop)", bare), ("pipeline (ledger claim->commit)", pipeline)):
+        if ph:
+            lines.append(f"{label:<34}" + "".join(f"{ph.get(name, 0.0):>11.2f}" for name in names))
+    return lines
+
+
+def _target_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(label, value, target, met?) of every figure that has a target."""
+    r, runs = out["ratios"], out["runs"]
     rows = []
 
-    def add(label: str, value: float | None, target: str, ok: bool | None, fmt: str = "{:.3f}") -> None:
+    def add(label: str, value: float | None, target: str, limit: float | None, fmt: str = "{:.3f}") -> None:
+        ok = None if value is None or limit is None else value <= limit
         rows.append((label, "-" if value is None else fmt.format(value), target, _mark(ok)))
 
-    v = r.get("pipeline_vs_bare")
-    add("pipeline / bare (wall)", v, f"<= {TARGETS['pipeline_vs_bare']}", None if v is None else v <= TARGETS["pipeline_vs_bare"])
-    v = r.get("rerun_vs_pipeline")
-    add("rerun / pipeline (wall)", v, f"<= {TARGETS['rerun_vs_pipeline']}", None if v is None else v <= TARGETS["rerun_vs_pipeline"])
+    add("pipeline / bare (wall)", r.get("pipeline_vs_bare"), f"<= {TARGETS['pipeline_vs_bare']}",
+        TARGETS["pipeline_vs_bare"])
+    add("rerun / pipeline (wall)", r.get("rerun_vs_pipeline"), f"<= {TARGETS['rerun_vs_pipeline']}",
+        TARGETS["rerun_vs_pipeline"])
     p = runs.get("pipeline")
-    v = p["peak_rss_mb"] if p else None
-    add("pipeline peak RSS (MB)", v, f"<= {TARGETS['pipeline_peak_rss_mb']:.0f}",
-        None if v is None else v <= TARGETS["pipeline_peak_rss_mb"], "{:.0f}")
+    add("pipeline peak RSS (MB)", p["peak_rss_mb"] if p else None, f"<= {TARGETS['pipeline_peak_rss_mb']:.0f}",
+        TARGETS["pipeline_peak_rss_mb"], "{:.0f}")
     if "resume_vs_pipeline" in r:
-        v, tgt = r.get("resume_vs_pipeline"), r.get("resume_target")
-        add("resume / pipeline (wall)", v, "-" if tgt is None else f"<= {tgt:.3f} (share+0.05)",
-            None if v is None or tgt is None else v <= tgt)
+        tgt = r.get("resume_target")
+        add("resume / pipeline (wall)", r.get("resume_vs_pipeline"),
+            "-" if tgt is None else f"<= {tgt:.3f} (share+0.05)", tgt)
     if "checkpoint_commit_ms" in out:
         c = out["checkpoint_commit_ms"] or {}
-        add("checkpoint commit p50 (ms)", c.get("p50"), f"<= {TARGETS['commit_p50_ms']}",
-            None if c.get("p50") is None else c["p50"] <= TARGETS["commit_p50_ms"])
-        add("checkpoint commit p99 (ms)", c.get("p99"), f"<= {TARGETS['commit_p99_ms']}",
-            None if c.get("p99") is None else c["p99"] <= TARGETS["commit_p99_ms"])
-    lines += ["", f"{'target':<30}{'value':>10}  {'target':<26}{'':>2}"]
-    lines += [f"{a:<30}{b:>10}  {c:<26}{d}" for a, b, c, d in rows]
-    turns = out.get("turns") or []
-    if len(turns) > 1:
-        def fmt(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3f}"
+        add("checkpoint commit p50 (ms)", c.get("p50"), f"<= {TARGETS['commit_p50_ms']}", TARGETS["commit_p50_ms"])
+        add("checkpoint commit p99 (ms)", c.get("p99"), f"<= {TARGETS['commit_p99_ms']}", TARGETS["commit_p99_ms"])
+    return rows
 
-        lines += ["", "per turn (side by side)   pipeline/bare   resume/pipeline   resume target"]
-        lines += [f"turn {i:<21}{fmt(t.get('pipeline_vs_bare')):>14}{fmt(t.get('resume_vs_pipeline')):>18}"
-                  f"{fmt(t.get('resume_target')):>16}" for i, t in enumerate(turns, 1)]
+
+def _turn_lines(turns: list[dict[str, float | None]]) -> list[str]:
+    """Each turn's own ratios, when there was more than one turn."""
+    if len(turns) < 2:
+        return []
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    return ["", "per turn (side by side)   pipeline/bare   resume/pipeline   resume target"] + [
+        f"turn {i:<21}{fmt(t.get('pipeline_vs_bare')):>14}{fmt(t.get('resume_vs_pipeline')):>18}"
+        f"{fmt(t.get('resume_target')):>16}" for i, t in enumerate(turns, 1)]
+
+
+def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra: dict[str, Any], *,
+                 embedded: bool) -> str:
+    """The human-readable report: runs, phase seconds, targets."""
+    cfg = out["config"]
+    lines = [f"stormlake bench: {cfg['partitions']} partitions x {cfg['rows_per_partition']:,} outage rows "
+             f"({cfg['partitions'] * cfg['rows_per_partition']:,} rows); ledger on "
+             f"{'the embedded PostgreSQL' if embedded else 'STORMLAKE_PG_DSN'}", ""]
+    lines += _run_lines(out)
+    lines += _phase_lines(results.get("bare", {}).get("phases") or {}, extra.get("pipeline_phases") or {})
+    lines += ["", f"{'target':<30}{'value':>10}  {'target':<26}{'':>2}"]
+    lines += [f"{a:<30}{b:>10}  {c:<26}{d}" for a, b, c, d in _target_rows(out)]
+    lines += _turn_lines(out.get("turns") or [])
     rerun = results.get("rerun", {})
     if rerun.get("ok"):
         lines += ["", f"rerun: {rerun.get('launched', 0)} Dagster runs launched, phases {rerun.get('statuses')}"]

@@ -83,3 +83,35 @@ def test_the_scale_grid_is_a_year_of_fifty_regions_around_the_real_partitions() 
     assert kinds.count("failed") == len(grid) // FAILED_EVERY
     assert 0 < kinds.count("pending") <= len(grid) // PENDING_EVERY
     assert grid[-1][2] == "2027-08-31"
+
+
+def test_the_bare_loop_runs_every_phase_through_its_own_compute(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from assets.context import PartitionRef
+    from assets.phases import PHASES
+    from pipeline.tools.bench import BareLoop
+    from pipeline.tools.generate import generate_scenario
+    from resources.landing import Landing
+    from resources.publisher import FileTarget
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    regions = load_regions(DEFAULT_REGIONS_FILE)
+    generate_scenario(tmp_path / "landing", regions[:1], days=1, start="2026-09-01", rows_per_partition=300, seed=11)
+    loop = BareLoop(str(tmp_path / "lake"), Landing(tmp_path / "landing"), sorted(r.region_id for r in regions),
+                    FileTarget(tmp_path / "published"))
+    loop.create_tables()
+    part = PartitionRef.parse(f"2026-09-01|{regions[0].region_id}", {r.region_id: r for r in regions})
+
+    seconds = loop.run_partition(part)
+
+    assert list(seconds) == [p.name for p in PHASES] and all(s > 0 for s in seconds.values())
+    for table in (t for p in PHASES for t in p.tables):
+        rows = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_dataset().to_table(use_threads=False)
+        assert set(rows.column("day").to_pylist()) <= {"2026-09-01"}, table
+    summary = DeltaTable(str(tmp_path / "lake" / "region_day_summary")).to_pyarrow_dataset().to_table(use_threads=False)
+    quarantine = DeltaTable(str(tmp_path / "lake" / "quarantine")).to_pyarrow_dataset().to_table(use_threads=False)
+    assert summary.num_rows == 1
+    assert summary.column("quarantined_rows").to_pylist() == [quarantine.num_rows]  # present saw ingest's count
+    published = tmp_path / "published" / regions[0].region_id / "2026-09-01"
+    assert sorted(f.name for f in published.iterdir()) == ["clusters.geojson", "report.html", "summary.json"]
