@@ -60,12 +60,10 @@ class PartitionRun:
         return self.error_class in DB_DOWN_CLASSES
 
 
-_WRAPPERS = dagster_compat.step_error_wrappers()
-
-
 def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
     """Unwrap Dagster's wrappers (step execution, exhausted retry policy) down to our error."""
-    while err is not None and err.cause is not None and err.cls_name in _WRAPPERS:
+    wrappers = dagster_compat.step_error_wrappers()
+    while err is not None and err.cause is not None and err.cls_name in wrappers:
         err = err.cause
     return err
 

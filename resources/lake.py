@@ -37,6 +37,7 @@ SEQ_KEY = "stormlake.seq"
 
 PREFETCH_NICE = 10
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
+CREATE_TRIES = 5  # a table creation racing another process's is tried again
 CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
 
 
@@ -189,7 +190,7 @@ class Lake:
             return
         if "://" not in uri:
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(5):
+        for attempt in range(CREATE_TRIES):
             try:
                 if DeltaTable.is_deltatable(uri):
                     break
@@ -198,7 +199,7 @@ class Lake:
             except (CommitFailedError, DeltaError, OSError) as exc:
                 if DeltaTable.is_deltatable(uri):
                     break
-                if attempt == 4:
+                if attempt == CREATE_TRIES - 1:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
                 time.sleep(0.1 * (attempt + 1))
         self.cache.known_tables.add(uri)
@@ -345,7 +346,7 @@ class Lake:
 
 
 # Reader features under which a data file alone does not give the rows (or their names).
-_UNHANDLED_READER_FEATURES = {"deletionVectors", "columnMapping"}
+_UNHANDLED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping"})
 
 
 def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:

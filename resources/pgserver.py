@@ -27,10 +27,12 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import psycopg
@@ -364,7 +366,24 @@ def with_database(dsn: str, database: str) -> str:
     return psycopg.conninfo.make_conninfo(**info)
 
 
-_RESOLVED: dict[tuple[str | None, str], tuple[str, str]] = {}
+class Deployment:
+    """Where one stormlake deployment keeps its ledger and Dagster's storage, resolved once per
+    process and settings (the embedded server started, the databases made)."""
+
+    _resolved: ClassVar[dict[tuple[int, str | None, str], tuple[str, str]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def dsns(cls, pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
+        key = (os.getpid(), pg_dsn, str(pgdata))
+        with cls._lock:
+            if key in cls._resolved:
+                return cls._resolved[key]
+        dsns = _resolve(pg_dsn, pgdata)
+        if dsns[0] != dsns[1]:  # a fallback to one database is asked again next time
+            with cls._lock:
+                cls._resolved[key] = dsns
+        return dsns
 
 
 def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
@@ -377,13 +396,7 @@ def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     (their names do not collide). Without ``pg_dsn``, the embedded server is started and the
     databases ``stormlake`` and ``dagster`` are created on it.
     """
-    key = (pg_dsn, str(pgdata))
-    if key in _RESOLVED:
-        return _RESOLVED[key]
-    dsns = _resolve(pg_dsn, pgdata)
-    if dsns[0] != dsns[1]:  # a fallback to one database is asked again next time
-        _RESOLVED[key] = dsns
-    return dsns
+    return Deployment.dsns(pg_dsn, pgdata)
 
 
 def _resolve(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
