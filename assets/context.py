@@ -62,7 +62,23 @@ class PhaseOutput:
     checks: list[Check] = field(default_factory=list)
 
 
-class PhaseContext:
+class PhaseInputs:
+    """Reading a phase's input tables, the partition's rows of each (subclasses say from where)."""
+
+    phase: Phase
+
+    def read_arrow(self, table: str) -> pa.Table:
+        raise NotImplementedError
+
+    def read(self, table: str) -> pd.DataFrame:
+        return self.read_arrow(table).to_pandas()
+
+    def read_inputs(self) -> dict[str, pd.DataFrame]:
+        """Every input table of the phase (``Phase.input_tables``), read in their declared order."""
+        return {table: self.read(table) for table in self.phase.input_tables}
+
+
+class PhaseContext(PhaseInputs):
     """What a phase's compute function may touch: pinned upstream reads and recorded calls."""
 
     def __init__(self, runner: PhaseRunner, phase: Phase, part: PartitionRef, upstream: dict[str, Checkpoint],
@@ -84,9 +100,6 @@ class PhaseContext:
     @property
     def known_regions(self) -> list[str]:
         return sorted(self.runner.regions)
-
-    def read(self, table: str) -> pd.DataFrame:
-        return self.read_arrow(table).to_pandas()
 
     def read_arrow(self, table: str) -> pa.Table:
         """Read this partition of ``table`` at the version its producer's checkpoint pinned."""

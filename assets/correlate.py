@@ -21,13 +21,10 @@ from resources.publisher import PublisherResource
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
     part = ctx.partition
-    enriched = ctx.read("outages_enriched")
-    weather = ctx.read("weather_raw")
-    customers = ctx.read("customers_ref")
-    terrain = ctx.read("terrain_ref")
+    t = ctx.read_inputs()
     ctx.fault_point()
-    cell_hour, cell_risk, clusters = correlate_storm(enriched, weather, customers, terrain,
-                                                     region=part.region, day=part.day)
+    cell_hour, cell_risk, clusters = correlate_storm(t["outages_enriched"], t["weather_raw"], t["customers_ref"],
+                                                     t["terrain_ref"], region=part.region, day=part.day)
     tables = {
         "cell_hour_stats": pa.Table.from_pandas(cell_hour, schema=CELL_HOUR_STATS, preserve_index=False),
         "cell_risk": pa.Table.from_pandas(cell_risk, schema=CELL_RISK, preserve_index=False),
@@ -36,7 +33,7 @@ def compute(ctx: PhaseContext) -> PhaseOutput:
     return PhaseOutput(
         tables=tables,
         figures={
-            "outages": int(len(enriched)),
+            "outages": int(len(t["outages_enriched"])),
             "cell_hours": tables["cell_hour_stats"].num_rows,
             "cells": tables["cell_risk"].num_rows,
             "clusters": tables["storm_clusters"].num_rows,

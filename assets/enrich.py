@@ -21,12 +21,11 @@ from resources.publisher import PublisherResource
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
     part = ctx.partition
-    outages = ctx.read("outages_raw")
-    weather = ctx.read("weather_raw")
-    customers = ctx.read("customers_ref")
-    terrain = ctx.read("terrain_ref")
+    t = ctx.read_inputs()
+    outages = t["outages_raw"]
     ctx.fault_point()
-    enriched = enrich_outages(outages, weather, customers, terrain, region=part.region, day=part.day)
+    enriched = enrich_outages(outages, t["weather_raw"], t["customers_ref"], t["terrain_ref"],
+                              region=part.region, day=part.day)
     table = pa.Table.from_pandas(enriched, schema=OUTAGES_ENRICHED, preserve_index=False)
     return PhaseOutput(
         tables={"outages_enriched": table},

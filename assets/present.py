@@ -22,11 +22,10 @@ from resources.publisher import Artifact, PublisherResource
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
     part = ctx.partition
-    enriched = ctx.read("outages_enriched")
-    cell_hour = ctx.read("cell_hour_stats")
-    cell_risk = ctx.read("cell_risk")
-    clusters = ctx.read("storm_clusters")
-    customers = ctx.read("customers_ref")
+    t = ctx.read_inputs()
+    enriched, cell_hour, cell_risk, clusters = (t["outages_enriched"], t["cell_hour_stats"], t["cell_risk"],
+                                                t["storm_clusters"])
+    customers = t["customers_ref"]
     quarantined = int(ctx.upstream["ingest"].summary["rows"]["quarantine"])
     ctx.fault_point()
     summary = summarize(region=part.region, day=part.day, enriched=enriched, cell_hour=cell_hour,

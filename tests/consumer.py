@@ -48,6 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
 STORMLAKE = str(BIN / "stormlake")
 KINDS = ("clusters.geojson", "report.html", "summary.json")
+# One partition, and the backfill that runs just it.
+ONE_KEY = "2026-09-01|gulf_coast"
+ONE_BACKFILL = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
 ARTIFACT_ID_RE = re.compile(r"^(?P<region>[a-z][a-z0-9_]{0,31})/(?P<day>\d{4}-\d{2}-\d{2})/(?P<kind>[a-z.]+)@(?P<hash>[0-9a-f]{16})$")
 CONTENT_TYPES = {
     "summary.json": "application/json",

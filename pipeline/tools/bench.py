@@ -81,16 +81,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assets.phases import PHASES
+from assets.context import PartitionRef, PhaseInputs
+from assets.phases import PHASES, Phase
 from resources.files import write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import pandas as pd
     import pyarrow as pa
 
-    from assets.context import PartitionRef
     from resources.landing import Landing
     from resources.publisher import FileTarget
 
@@ -258,7 +257,7 @@ class BareCheckpoint:
     summary: dict[str, Any]
 
 
-class BareContext:
+class BareContext(PhaseInputs):
     """What a phase's compute function uses, served by the bare loop instead of the ledger.
 
     A read is the partition of a table as the loop wrote it, kept in memory, as the pipeline's
@@ -267,16 +266,14 @@ class BareContext:
     directly and no fault is injected.
     """
 
-    def __init__(self, landing: Landing, partition: PartitionRef, known_regions: list[str],
+    def __init__(self, phase: Phase, landing: Landing, partition: PartitionRef, known_regions: list[str],
                  written: dict[str, pa.Table], upstream: dict[str, BareCheckpoint]):
+        self.phase = phase
         self.landing = landing
         self.partition = partition
         self.known_regions = known_regions
         self.written = written
         self.upstream = upstream
-
-    def read(self, table: str) -> pd.DataFrame:
-        return self.read_arrow(table).to_pandas()
 
     def read_arrow(self, table: str) -> pa.Table:
         """This partition of ``table``, as written to the loop's lake (in the table's schema)."""
@@ -319,7 +316,7 @@ class BareLoop:
         seconds: dict[str, float] = {}
         for phase, compute in self.steps:
             t = time.perf_counter()
-            out = compute(BareContext(self.landing, part, self.known_regions, written, upstream))
+            out = compute(BareContext(phase, self.landing, part, self.known_regions, written, upstream))
             for table in phase.tables:
                 written[table] = self.write(table, out.tables[table], part)
             for artifact in out.artifacts:

@@ -25,6 +25,8 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.consumer import (
+    ONE_BACKFILL,
+    ONE_KEY,
     Consumer,
     check_consumer,
     check_ledger_clean,
@@ -37,8 +39,7 @@ from tests.consumer import (
 
 pytestmark = pytest.mark.e2e
 
-KEY = "2026-09-01|gulf_coast"
-ARGS = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
+KEY, ARGS = ONE_KEY, ONE_BACKFILL
 TABLE = "region_day_summary"  # the table present writes
 MAX_RUNS = 20
 

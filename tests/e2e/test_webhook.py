@@ -12,6 +12,8 @@ import pytest
 
 from tests.consumer import (
     KINDS,
+    ONE_BACKFILL,
+    ONE_KEY,
     Consumer,
     check_consumer,
     check_headers,
@@ -25,8 +27,7 @@ from tests.consumer import (
 
 pytestmark = pytest.mark.e2e
 
-KEY = "2026-09-01|gulf_coast"
-ARGS = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
+KEY, ARGS = ONE_KEY, ONE_BACKFILL
 
 
 def receipts(dsn: str, target: str = "webhook") -> dict[str, tuple[str, int]]:
