@@ -37,7 +37,7 @@ from resources.publisher import PublisherResource
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
-KINDS = {"deltalake", "postgres"}
+TABLE_KINDS = {"deltalake", "postgres"}  # the kind tags of a table asset in the catalog
 
 
 def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) -> dg.AssetSpec:
@@ -78,7 +78,7 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
 
     return dict(
         name=phase.asset,
-        specs=[table_spec(phase, table, deps=deps or [], kinds=kinds or KINDS) for table in phase.tables],
+        specs=[table_spec(phase, table, deps=deps or [], kinds=kinds or TABLE_KINDS) for table in phase.tables],
         partitions_def=PARTITIONS,
         can_subset=False,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
