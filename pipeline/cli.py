@@ -110,20 +110,22 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run(settings: Settings, keys: list[str]) -> list:
-    from pipeline.orchestrate import Progress, run_partitions
+def _run(settings: Settings, keys: list[str], workers: int | None = None) -> list:
+    from pipeline.orchestrate import Progress, run_partitions_in_workers
 
     _prepare(settings)
     if not keys:
         print("no partitions selected (the landing zone has no matching <region>/<day>/ folders)")
         return []
-    sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']})\n")
-    return run_partitions(keys, progress=Progress(len(keys)))
+    workers = workers or settings.workers
+    sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']}"
+                     f"{f', up to {workers} processes' if workers > 1 else ''})\n")
+    return run_partitions_in_workers(keys, workers=workers, progress=Progress(len(keys)))
 
 
 def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
     keys = select_partitions(settings, args.regions, args.days)
-    runs = _run(settings, keys)
+    runs = _run(settings, keys, args.workers)
     failed = [r for r in runs if not r.ok]
     computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
     delivered = sum(len(r.delivered) for r in runs)
@@ -336,6 +338,12 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--days", help="START..END (inclusive) or one day")
 
 
+def _positive(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least 1")
+    return int(raw)
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="write a deterministic synthetic storm scenario into the landing zone")
     g.add_argument("--regions", type=int, default=SAMPLE["regions"])
@@ -350,6 +358,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("demo", help="generate the sample if needed, run it all, print the status").set_defaults(fn=cmd_demo)
     b = sub.add_parser("backfill", help="run partitions of the landing zone through Dagster")
     _selection_args(b)
+    b.add_argument("--workers", type=_positive, default=None, metavar="N",
+                   help="processes running key ranges at once (default STORMLAKE_WORKERS: the number of cores)")
     b.set_defaults(fn=cmd_backfill)
     u = sub.add_parser("ui", help="dg dev (Dagster webserver and daemon) on this instance")
     u.add_argument("--port", type=int, default=3000)

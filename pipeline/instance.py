@@ -12,8 +12,8 @@ Run, event-log and schedule storage live on the same PostgreSQL server as the le
   into the ledger's database (``runs``, ``event_logs``, ``jobs``, ... do not collide with the
   ledger's tables).
 
-Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``MAX_BACKFILL_RUNS`` of them
-from backfills), every phase writes through a concurrency pool of its own, and runs whose
+Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``STORMLAKE_WORKERS`` of them
+from backfills: the same number of processes a CLI backfill runs at once), every phase writes through a concurrency pool of its own, and runs whose
 worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
 not retried by the daemon: transient step errors already have the assets' retry policy, and a
 failed grader or bad input would only fail again.
@@ -40,7 +40,6 @@ from resources.pgserver import hold_advisory_lock, resolve_dsns
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
-MAX_BACKFILL_RUNS = 2
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +61,12 @@ def sqlalchemy_url(dsn: str) -> str:
     return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
 
 
-def dagster_yaml(url_literal: str | None) -> str:
-    """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL."""
+def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
+    """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL.
+
+    ``workers`` (``STORMLAKE_WORKERS``) runs of backfills at once, as many as a CLI backfill's
+    processes; the queue takes at least ``MAX_CONCURRENT_RUNS`` runs in all.
+    """
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
 # The run coordinator is Dagster's default, the queued one; `concurrency` sets its limits.
@@ -72,10 +75,10 @@ storage:
     postgres_url: {url}
 concurrency:
   runs:
-    max_concurrent_runs: {MAX_CONCURRENT_RUNS}
+    max_concurrent_runs: {max(MAX_CONCURRENT_RUNS, workers)}
     tag_concurrency_limits:
       - key: dagster/backfill
-        limit: {MAX_BACKFILL_RUNS}
+        limit: {workers}
   pools:
     default_limit: {POOL_LIMIT}
 run_retries:
@@ -106,7 +109,7 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
     has_secret = bool(psycopg.conninfo.conninfo_to_dict(dagster_dsn).get("password"))
     if has_secret:
         os.environ[DAGSTER_URL_ENV] = url
-    text = dagster_yaml(None if has_secret else url)
+    text = dagster_yaml(None if has_secret else url, workers=settings.workers)
     target = home / "dagster.yaml"
     if not target.exists() or target.read_text() != text:
         write_atomic(target, text)

@@ -7,6 +7,7 @@ whether there is work; a partition that is already published costs one skip per 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -395,3 +396,122 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     if progress:
         progress.close()
     return runs
+
+
+# ---- several processes ------------------------------------------------------------------------
+
+
+def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[list[str]]:
+    """The blocks of neighbouring keys the worker processes take one at a time.
+
+    A block is at most ``max_per_run`` keys (one range run) and small enough that every worker
+    gets a share: 10 keys for 2 workers are two blocks of 5, not 8 and 2. A selection of at
+    most ``max_per_run`` keys is one block: one process runs it, with no worker to start.
+    """
+    from assets.partitions import PARTITIONS
+
+    if workers <= 1 or len(keys) <= max_per_run:
+        return [keys] if keys else []
+    size = max(1, min(max_per_run, -(-len(keys) // workers)))
+    return contiguous_groups(keys, PARTITIONS.get_partition_keys(), size)
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it dies (a killed CLI
+    leaves no worker running on; the ledger resumes their work on the next run)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _worker(tasks, results, preflight: bool, max_per_run: int) -> None:  # noqa: ANN001 - multiprocessing queues
+    """One worker process: run blocks of keys until there are none, every finished partition
+    reported on ``results``; ``None`` last (or the error that stopped it)."""
+    _die_with_parent()
+    import logging
+    import warnings
+
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
+    try:
+        while (block := tasks.get()) is not None:
+            runs = run_partitions(block, preflight=preflight, max_per_run=max_per_run, on_result=results.put)
+            if runs and runs[-1].ledger_down:
+                break
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        results.put(exc)
+    results.put(None)
+
+
+def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progress | None = None,
+                              preflight: bool = True,
+                              max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[PartitionRun]:
+    """Run the partitions in up to ``workers`` processes at once, each running blocks of
+    neighbouring keys as :func:`run_partitions` does (range runs, preflight, skips).
+
+    Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps every
+    phase exactly-once whichever process runs it. Once PostgreSQL is gone, no further block
+    is started.
+    """
+    import multiprocessing as mp
+
+    blocks = worker_blocks(keys, workers, max_per_run)
+    if len(blocks) <= 1:
+        return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run)
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or connections of this one
+    tasks, results = ctx.Queue(), ctx.Queue()
+    for block in blocks:
+        tasks.put(block)
+    n = min(workers, len(blocks))
+    for _ in range(n):
+        tasks.put(None)
+    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run), name=f"stormlake-worker-{i}")
+             for i in range(n)]
+    for proc in procs:
+        proc.start()
+    runs: list[PartitionRun] = []
+    error: BaseException | None = None
+    running = n
+    try:
+        while running:
+            item = results.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                error = error or item
+                _drain(tasks)
+            else:
+                runs.append(item)
+                if progress:
+                    progress.finished(item)
+                if item.ledger_down:
+                    _drain(tasks)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    if progress:
+        progress.close()
+    if error is not None:
+        raise error
+    return runs
+
+
+def _drain(tasks) -> None:  # noqa: ANN001 - a multiprocessing queue
+    """Take every block not started yet off the queue, leaving the workers' end markers."""
+    import queue
+
+    left = 0
+    with contextlib.suppress(queue.Empty):
+        while True:
+            if tasks.get_nowait() is None:
+                left += 1
+    for _ in range(left):
+        tasks.put(None)

@@ -56,6 +56,7 @@ class Settings:
     webhook_timeout_s: float = 10.0
     webhook_tries: int = 5
     webhook_backoff_s: float = 0.5
+    workers: int = 1  # backfill processes at once: the CLI's --workers default and the UI's backfill runs
 
     @property
     def pgdata(self) -> Path:
@@ -94,7 +95,18 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         webhook_timeout_s=_number(get, "STORMLAKE_WEBHOOK_TIMEOUT", 10.0),
         webhook_tries=int(_number(get, "STORMLAKE_WEBHOOK_TRIES", 5)),
         webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
+        workers=_workers(get),
     )
+
+
+def _workers(get) -> int:  # type: ignore[no-untyped-def]
+    """``STORMLAKE_WORKERS``: how many backfill processes run at once (default: the machine's cores)."""
+    raw = get("STORMLAKE_WORKERS")
+    if raw is None:
+        return max(1, os.cpu_count() or 1)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"STORMLAKE_WORKERS={raw!r} is not a whole number of at least 1")
+    return int(raw)
 
 
 def _number(get, name: str, default: float) -> float:  # type: ignore[no-untyped-def]

@@ -1,0 +1,106 @@
+"""``stormlake backfill --workers N``: key ranges in N processes at once, every phase computed
+once and every artifact delivered once; a killed CLI takes its workers with it, and the next
+backfill finishes what they left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from resources.pgserver import with_database
+from tests.consumer import (
+    PHASE_NAMES,
+    Consumer,
+    check_consumer,
+    check_ledger_clean,
+    completed_count,
+    generated_landing,
+    kill_group,
+    make_home,
+    run,
+    sql_rows,
+    start,
+    status,
+)
+
+pytestmark = pytest.mark.e2e
+
+REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont")
+DAYS = ("2026-09-01", "2026-09-02", "2026-09-03")
+TWELVE = [f"{d}|{r}" for d in DAYS for r in REGIONS]
+ARGS = ("backfill", "--workers", "2", "--regions", ",".join(REGIONS), "--days", "2026-09-01..2026-09-03")
+
+
+@pytest.fixture(scope="module")
+def twelve_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 regions x 3 days x 300 outage rows: more partitions than one range run takes."""
+    return generated_landing(tmp_path_factory.mktemp("twelve") / "landing", regions=4, days=3,
+                             rows_per_partition=300, seed=5)
+
+
+def check_once(dsn: str, consumer: Consumer, *, kills: int = 0) -> None:
+    """Every phase of every partition completed exactly once; every artifact arrived (repeated at
+    most once per kill, never under a second key)."""
+    rows = sql_rows(dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
+                         " WHERE status = 'COMPLETED' GROUP BY partition_key, phase")
+    assert {(r[0], r[1]): r[2] for r in rows} == {(k, p): 1 for k in TWELVE for p in PHASE_NAMES}
+    artifacts = check_consumer(consumer.snapshot(), partitions=TWELVE, max_repeats=kills)
+    assert len(artifacts) == 3 * len(TWELVE)
+    check_ledger_clean(dsn)
+
+
+def test_two_workers_run_the_ranges_at_once_and_publish_everything_once(pg_dsn: str, twelve_landing: Path,
+                                                                        tmp_path: Path) -> None:
+    with Consumer() as consumer:
+        env = make_home(tmp_path, twelve_landing, pg_dsn, webhook=consumer.url)
+        res = run(env, *ARGS, timeout=900)
+        assert res.returncode == 0, str(res)
+        assert "up to 2 processes" in res.stderr and "12/12 partitions in" in res.stderr, res.stderr
+        final = status(env)
+        assert sorted(final) == sorted(TWELVE) and all(final[k]["tier"] == 4 for k in TWELVE)
+        check_once(pg_dsn, consumer)
+        # The two blocks of six ran as range runs of two processes (each its own pid tag).
+        dagster_db = with_database(pg_dsn, psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"] + "_dagster")
+        runs = sql_rows(dagster_db, "SELECT count(DISTINCT t.value) FROM run_tags t WHERE t.key = 'stormlake/pid'")
+        assert runs == [(2,)], runs
+        again = run(env, *ARGS, timeout=600)
+        assert again.returncode == 0 and "0 phases computed, 0 artifact deliveries" in again.stdout, str(again)
+        check_once(pg_dsn, consumer)
+
+
+def test_a_killed_backfill_takes_its_workers_with_it_and_the_next_one_finishes(
+        pg_dsn: str, twelve_landing: Path, tmp_path: Path) -> None:
+    with Consumer() as consumer:
+        env = make_home(tmp_path, twelve_landing, pg_dsn, webhook=consumer.url)
+        proc = start(env, *ARGS, log=tmp_path / "killed.log")
+        try:
+            # Kill the CLI (itself alone, not its process group) once its workers have completed
+            # some phases and not all: the moment comes from the ledger, not from a clock.
+            deadline = time.monotonic() + 900  # against hanging forever, not a performance bound
+            done = 0
+            while time.monotonic() < deadline and proc.poll() is None:
+                done = completed_count(env)
+                if done >= 4:
+                    break
+                time.sleep(0.05)
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text(errors="replace")
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            assert len([w for w in workers if "spawn_main" in " ".join(w.cmdline())]) == 2, workers
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            gone, alive = psutil.wait_procs(workers, timeout=60)
+            assert not alive, f"workers still running after the CLI was killed: {alive}"
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)
+        assert done < len(TWELVE) * len(PHASE_NAMES), "the backfill finished before the kill"
+        res = run(env, *ARGS, timeout=900)
+        assert res.returncode == 0, str(res)
+        assert all(v["tier"] == 4 for v in status(env).values())
+        check_once(pg_dsn, consumer, kills=2)  # each worker may have died inside a delivery
