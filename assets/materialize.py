@@ -63,6 +63,9 @@ def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) ->
             "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(table)),
         },
         partitions_def=PARTITIONS,
+        # The first phase's tables are not materialized for a partition whose files have not
+        # landed (see :func:`not_landed`); Dagster then skips the later phases' steps.
+        skippable=not phase.upstream_phases,
     )
 
 
@@ -191,6 +194,9 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
                       ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
                       publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
     """Run ``phase`` for every partition of the step; one materialization per table and partition."""
+    if not phase.upstream_phases and not_landed(context, landing):
+        yield from _not_landed(context, phase)
+        return
     runner, outcomes, failures = _run_step(context, phase, compute, grader, ledger=ledger, lake=lake,
                                            landing=landing, publisher=publisher)
     if failures:
@@ -198,6 +204,33 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
     assert runner is not None
     yield from _materializations(context, phase, outcomes, runner.lake)
     yield _grader_result(phase, outcomes)
+
+
+def not_landed(context: dg.AssetExecutionContext, landing: LandingResource) -> bool:
+    """Whether the step is one partition none of whose landing files exist (its folder empty or absent).
+
+    Dagster offers every day since the first day for every region, most of them with nothing
+    landed yet; a run over such a partition is no failure and leaves no trace in the ledger. A
+    partition with some of its files is read as usual (a missing one fails ingest, naming it).
+    """
+    keys = context.partition_keys
+    if len(keys) != 1:
+        return False
+    day, region_id = split_key(keys[0])
+    return not landing.get().has_partition_files(region_id, day)
+
+
+def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.AssetCheckResult]:
+    """The step's one result for a partition that has not landed: its grader, passed, saying so.
+
+    No table is materialized, so the later phases' steps are skipped and the partition stays
+    missing in the catalog, ready for the run that comes when its files land.
+    """
+    key = context.partition_keys[0]
+    context.log.info(f"{phase.name} of {key}: not landed (no landing files yet); nothing to do")
+    yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=True,
+                              description=f"{key} has not landed: no landing files yet, nothing was read or written",
+                              metadata={"landed": False})
 
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,

@@ -241,8 +241,16 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from pipeline.tools.bench_scale import run_scale_bench
 
         return run_scale_bench(args, settings)
+    if args.workers:
+        from pipeline.tools.bench_workers import DEFAULTS, run_workers_bench
+
+        args.partitions = args.partitions or DEFAULTS["partitions"]
+        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
+        return run_workers_bench(args, settings)
     from pipeline.tools.bench import run_bench
 
+    args.partitions = args.partitions or 8
+    args.rows_per_partition = args.rows_per_partition or 200_000
     return run_bench(args, settings)
 
 
@@ -382,13 +390,15 @@ def _add_views(sub: argparse._SubParsersAction) -> None:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     be = sub.add_parser("bench", help="benchmark: bare transforms vs the pipeline vs a re-run")
     be.add_argument("--json", action="store_true")
-    be.add_argument("--partitions", type=int, default=8)
-    be.add_argument("--rows-per-partition", type=int, default=200_000)
+    be.add_argument("--partitions", type=int, default=None, help="default 8 (16 with --workers)")
+    be.add_argument("--rows-per-partition", type=int, default=None, help="default 200,000 (20,000 with --workers)")
     be.add_argument("--seed", type=int, default=11)
     be.add_argument("--skip", default="", help="comma-separated measurements to leave out")
     be.add_argument("--scale", action="store_true",
                     help="instead: time status, status --json, report, a rerun and a sensor tick on a ledger of a "
                          "year of 50 regions (real runs plus cloned rows)")
+    be.add_argument("--workers", action="store_true",
+                    help="instead: time a backfill in 1 process against STORMLAKE_WORKERS processes, side by side")
     be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)

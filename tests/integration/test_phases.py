@@ -564,3 +564,25 @@ def test_upstream_not_ready_fails_with_a_clear_message(sl_env: dict[str, str], l
     assert ledger.heads([KEY]) == []
     versions = table_versions(lake_root(sl_env))
     assert all(versions[t] is None for t in ("cell_hour_stats", "cell_risk", "storm_clusters"))
+
+
+def test_a_partition_that_has_not_landed_is_no_failure_and_leaves_no_trace(sl_env: dict[str, str],
+                                                                           ledger: Ledger) -> None:
+    key = "2026-09-20|gulf_coast"  # a day of the partitions with no landing folder
+    result = materialize(key)
+    assert result.success
+    mats = [e for e in result.all_events if e.is_step_materialization]
+    assert mats == []  # no table materialized: the partition stays missing in the catalog
+    checks = [e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert len(checks) == 1 and checks[0].passed and checks[0].metadata["landed"].value is False
+    assert "has not landed" in (checks[0].description or "")
+    skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
+    assert skipped == {p.asset for p in PHASES[1:]}, skipped  # the later phases were not started
+    assert ledger.heads([key]) == []
+    # Files that land later are read as usual: half of them is a failure naming the missing one.
+    landed = landing_file(sl_env, "weather.csv", key)
+    landed.parent.mkdir(parents=True)
+    shutil.copy(landing_file(sl_env, "weather.csv"), landed)
+    half = materialize(key)
+    assert not half.success
+    assert "gulf_coast/2026-09-20/outages.csv" in failure_descriptions(half)[0]

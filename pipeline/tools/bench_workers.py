@@ -1,0 +1,86 @@
+"""``stormlake bench --workers``: one backfill process against N, side by side.
+
+On ``--partitions`` partitions (default 16) of ``--rows-per-partition`` outage rows (default
+20,000), generated once into ``$STORMLAKE_HOME/bench/workers/landing``, turns alternate: a
+``stormlake backfill --workers 1`` and a ``stormlake backfill --workers N`` (N: ``STORMLAKE_WORKERS``,
+the number of cores by default), each a whole process on a fresh home and fresh databases on the
+ledger's server. A turn's speedup is its 1-worker time over its N-worker time; the median of the
+turns counts, against :data:`TARGET_SPEEDUP` on a machine of 2 cores or more.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
+from pipeline.tools.bench_scale import _cli
+
+TARGET_SPEEDUP = 1.6
+DEFAULTS = {"partitions": 16, "rows_per_partition": 20_000, "seed": 11}
+
+
+def _generate(root: Path, settings, partitions: int, rows: int, seed: int) -> tuple[Path, list[str]]:  # noqa: ANN001
+    from pipeline.tools.generate import generate_scenario
+    from resources.settings import load_regions
+
+    regions = load_regions(settings.regions_file)
+    n_regions, days, keys = plan_partitions(partitions, [r.region_id for r in regions], settings.first_day)
+    landing = root / "landing"
+    _say(f"generating {n_regions} regions x {days} days x {rows} rows")
+    generate_scenario(landing, regions[:n_regions], days=days, start=settings.first_day,
+                      rows_per_partition=rows, seed=seed)
+    return landing, keys
+
+
+def _backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: list[str], workers: int) -> float:
+    """One ``stormlake backfill --workers N`` of ``keys`` on a fresh home; its wall seconds."""
+    ledger_dsn, _ = dbs.create()
+    env = _child_env(root / name, landing, ledger_dsn)
+    days = sorted({k.split("|")[0] for k in keys})
+    regions = sorted({k.split("|")[1] for k in keys})
+    wall = _cli(env, "backfill", "--workers", str(workers), "--regions", ",".join(regions),
+                "--days", f"{days[0]}..{days[-1]}")
+    _say(f"{name}: {wall:.1f}s")
+    return wall
+
+
+def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    partitions, rows = args.partitions, args.rows_per_partition
+    workers = max(2, settings.workers)
+    root = settings.home / "bench" / "workers"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    landing, keys = _generate(root, settings, partitions, rows, args.seed)
+    dbs = Databases(settings.pg_dsn, settings.pgdata)
+    turns: list[dict[str, float]] = []
+    try:
+        for r in range(1, args.repeat + 1):
+            one = _backfill(root, f"one-{r}", landing, dbs, keys, 1)
+            many = _backfill(root, f"many-{r}", landing, dbs, keys, workers)
+            turns.append({"one_s": round(one, 2), "many_s": round(many, 2), "speedup": round(one / many, 3)})
+            dbs.drop_all()
+    finally:
+        dbs.drop_all()
+    speedup = statistics.median(t["speedup"] for t in turns)
+    result = {"config": {"partitions": len(keys), "rows_per_partition": rows, "workers": workers,
+                         "repeat": args.repeat},
+              "turns": turns, "speedup": round(speedup, 3), "target": TARGET_SPEEDUP,
+              "met": speedup >= TARGET_SPEEDUP}
+    print(json.dumps({"workers": result}, indent=2) if args.json else render_workers(result))
+    return 0 if result["met"] else 1
+
+
+def render_workers(result: dict[str, Any]) -> str:
+    c = result["config"]
+    lines = [f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: 1 process against "
+             f"{c['workers']}, each turn on a fresh home",
+             f"{'turn':<5} {'1 worker':>9} {str(c['workers']) + ' workers':>10} {'speedup':>8}"]
+    for i, t in enumerate(result["turns"], 1):
+        lines.append(f"{i:<5} {t['one_s']:>8.1f}s {t['many_s']:>9.1f}s {t['speedup']:>8.3f}")
+    lines.append(f"median speedup {result['speedup']:.3f} (target >= {result['target']}): "
+                 f"{'met' if result['met'] else 'NOT met'}")
+    return "\n".join(lines)
