@@ -241,6 +241,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from pipeline.tools.bench_scale import run_scale_bench
 
         return run_scale_bench(args, settings)
+    if args.ui:
+        from pipeline.tools.bench_ui import DEFAULTS, run_ui_bench
+
+        args.partitions = args.partitions or DEFAULTS["partitions"]
+        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
+        return run_ui_bench(args, settings)
     if args.workers:
         from pipeline.tools.bench_workers import DEFAULTS, run_workers_bench
 
@@ -397,6 +403,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     be.add_argument("--scale", action="store_true",
                     help="instead: time status, status --json, report, a rerun and a sensor tick on a ledger of a "
                          "year of 50 regions (real runs plus cloned rows)")
+    be.add_argument("--ui", action="store_true",
+                    help="instead: time a backfill launched in the Dagster UI (GraphQL) against stormlake backfill")
     be.add_argument("--workers", action="store_true",
                     help="instead: time a backfill in 1 process against STORMLAKE_WORKERS processes, side by side")
     be.add_argument("--repeat", type=int, default=3,

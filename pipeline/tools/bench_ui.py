@@ -1,0 +1,180 @@
+"""``stormlake bench --ui``: a backfill from the Dagster UI against ``stormlake backfill``, side by side.
+
+On ``--partitions`` partitions (default 20) of ``--rows-per-partition`` outage rows (default
+500), generated once into ``$STORMLAKE_HOME/bench/ui/landing``, each turn times:
+
+- **cli**: ``stormlake backfill`` of the partitions, a whole process on a fresh home and fresh
+  databases;
+- **ui**: on another fresh home, ``stormlake ui`` (webserver and daemon) is started and, once it
+  answers, the backfill is launched through GraphQL ``launchPartitionBackfill`` (what the UI's
+  "Materialize" of a partition range sends) for every table asset; the time runs from the
+  launch until every partition is published in the ledger (tier 4). Starting the UI is not
+  timed.
+
+A turn's ratio is its ui over its cli; the median of the turns counts, against
+:data:`TARGET_RATIO`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
+from pipeline.tools.bench_scale import _cli
+
+TARGET_RATIO = 1.5
+DEFAULTS = {"partitions": 20, "rows_per_partition": 500}
+HANG_GUARD_S = 1800  # against a run that never ends, not a performance bound
+
+LAUNCH = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } ... on Error { message }
+  }
+}
+"""
+
+
+def _gql(url: str, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    req = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        payload = json.loads(resp.read())
+    if payload.get("errors"):
+        raise RuntimeError(f"GraphQL: {payload['errors']}")
+    return payload["data"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _published(ledger_dsn: str) -> int:
+    """Partitions at tier 4 (published) in the ledger."""
+    from assets.phases import PHASES
+    from resources.ledger import Ledger
+    from resources.ledger_views import LedgerViews
+
+    ledger = Ledger(ledger_dsn)
+    try:
+        return LedgerViews(ledger).summary().by_tier.get(PHASES[-1].tier, 0)
+    finally:
+        ledger.close()
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"stormlake ui exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("stormlake ui did not answer /server_info")
+
+
+def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: list[str]) -> float:
+    """Start ``stormlake ui`` on a fresh home, launch the backfill, time it to the last publication."""
+    from assets.phases import PHASES, table_keys
+
+    ledger_dsn, _ = dbs.create()
+    env = _child_env(root / name, landing, ledger_dsn)
+    port = _free_port()
+    log = (root / f"{name}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",
+                             "ui", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_up(url, proc)
+        params = {"assetSelection": [{"path": k.path} for k in table_keys(PHASES)], "partitionNames": keys,
+                  "title": "bench --ui"}
+        t = time.perf_counter()
+        res = _gql(url, LAUNCH, {"params": params})["launchPartitionBackfill"]
+        if res["__typename"] != "LaunchBackfillSuccess":
+            raise RuntimeError(f"launchPartitionBackfill: {res}")
+        while _published(ledger_dsn) < len(keys):
+            if time.perf_counter() - t > HANG_GUARD_S or proc.poll() is not None:
+                raise RuntimeError(f"the UI backfill did not publish all {len(keys)} partitions (see {log.name})")
+            time.sleep(0.25)
+        wall = time.perf_counter() - t
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log.close()
+    _say(f"{name}: {wall:.1f}s")
+    return wall
+
+
+def _cli_backfill(root: Path, name: str, landing: Path, dbs: Databases) -> float:
+    ledger_dsn, _ = dbs.create()
+    wall = _cli(_child_env(root / name, landing, ledger_dsn), "backfill")
+    _say(f"{name}: {wall:.1f}s")
+    return wall
+
+
+def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    from pipeline.tools.generate import generate_scenario
+    from resources.settings import load_regions
+
+    root = settings.home / "bench" / "ui"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    regions = load_regions(settings.regions_file)
+    n_regions, days, keys = plan_partitions(args.partitions, [r.region_id for r in regions], settings.first_day)
+    _say(f"generating {n_regions} regions x {days} days x {args.rows_per_partition} rows")
+    landing = root / "landing"
+    generate_scenario(landing, regions[:n_regions], days=days, start=settings.first_day,
+                      rows_per_partition=args.rows_per_partition, seed=args.seed)
+    dbs = Databases(settings.pg_dsn, settings.pgdata)
+    turns: list[dict[str, float]] = []
+    try:
+        for r in range(1, args.repeat + 1):
+            cli = _cli_backfill(root, f"cli-{r}", landing, dbs)
+            ui = _ui_backfill(root, f"ui-{r}", landing, dbs, keys)
+            turns.append({"cli_s": round(cli, 2), "ui_s": round(ui, 2), "ratio": round(ui / cli, 3)})
+            dbs.drop_all()
+    finally:
+        dbs.drop_all()
+    ratio = statistics.median(t["ratio"] for t in turns)
+    result = {"config": {"partitions": len(keys), "rows_per_partition": args.rows_per_partition,
+                         "repeat": args.repeat},
+              "turns": turns, "ratio": round(ratio, 3), "target": TARGET_RATIO, "met": ratio <= TARGET_RATIO}
+    print(json.dumps({"ui": result}, indent=2) if args.json else render_ui(result))
+    return 0 if result["met"] else 1
+
+
+def render_ui(result: dict[str, Any]) -> str:
+    c = result["config"]
+    lines = [f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: the Dagster UI "
+             "(launchPartitionBackfill, launch to last publication) against stormlake backfill",
+             f"{'turn':<5} {'cli':>8} {'ui':>8} {'ui/cli':>7}"]
+    for i, t in enumerate(result["turns"], 1):
+        lines.append(f"{i:<5} {t['cli_s']:>7.1f}s {t['ui_s']:>7.1f}s {t['ratio']:>7.3f}")
+    lines.append(f"median ui/cli {result['ratio']:.3f} (target <= {result['target']}): "
+                 f"{'met' if result['met'] else 'NOT met'}")
+    return "\n".join(lines)
