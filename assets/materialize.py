@@ -23,7 +23,7 @@ from assets.checks import Check
 from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
 from assets.phases import Phase
-from assets.runner import Outcome, PhaseRunner
+from assets.runner import Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.errors import StormlakeError
 from resources.keys import partition_key
@@ -123,6 +123,7 @@ def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerReso
         regions=landing.regions(),
         run_id=context.run.run_id if context is not None else None,
         log=log,
+        force=Force.from_tags(context.run.tags, context.run.run_id) if context is not None else None,
     )
 
 

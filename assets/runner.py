@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from assets.delivery import deliver
 from assets.hashing import hash_json, table_hash
 from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from resources import faults
-from resources.errors import GraderError, LedgerUnavailable, StormlakeError
+from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
@@ -84,13 +84,49 @@ def _recorded_files(cp: Checkpoint | None) -> dict[str, tuple[str, str]]:
     return {rel: (stamps[rel], digest) for rel, digest in files.items() if rel in stamps}
 
 
+@dataclass(frozen=True)
+class Force:
+    """A re-run forced from ``from_phase`` on: that phase and every later one compute again.
+
+    Asked for by ``stormlake backfill --from PHASE --reason TEXT`` or by the run tags
+    :data:`FROM_TAG`, :data:`REASON_TAG` and :data:`BY_TAG` on a run launched anywhere else.
+    """
+
+    from_phase: str
+    reason: str
+    by: str
+    id: str  # one per request: the runs of one forced backfill (and their retries) share it
+
+    def covers(self, phase: Phase) -> bool:
+        return PHASES.index(phase) >= PHASES.index(BY_NAME[self.from_phase])
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str], run_id: str | None = None) -> Force | None:
+        name = tags.get(FROM_TAG)
+        if not name:
+            return None
+        if name not in BY_NAME:
+            raise ConfigError(f"run tag {FROM_TAG}={name!r} names no phase (one of {', '.join(BY_NAME)})")
+        reason = (tags.get(REASON_TAG) or "").strip()
+        if not reason:
+            raise ConfigError(f"run tag {FROM_TAG}={name} needs a reason: the run tag {REASON_TAG}")
+        return cls(name, reason, tags.get(BY_TAG) or "unknown", tags.get(FORCE_ID_TAG) or run_id or "")
+
+    def tags(self) -> dict[str, str]:
+        return {FROM_TAG: self.from_phase, REASON_TAG: self.reason, BY_TAG: self.by, FORCE_ID_TAG: self.id}
+
+
+FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason", "stormlake/by", "stormlake/force_id"
+
+
 class PhaseRunner:
     """Runs phases for partitions against one ledger, lake, landing zone and target set."""
 
     def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
                  regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
-                 lease_timeout_s: float = 900.0):
+                 lease_timeout_s: float = 900.0, force: Force | None = None):
         self.ledger = ledger
+        self.force = force
         self.lake = lake
         self.landing = landing
         self.targets = targets
@@ -158,6 +194,13 @@ class PhaseRunner:
             basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
                                       for t in self.targets)
         ih = hash_json(basis)
+        if self.force is not None and self.force.covers(phase):
+            # A forced re-run: a hash of its own (the run's), so the head is superseded and the
+            # phase computed again; the natural hash is kept to recognise the result later.
+            basis["natural_input_hash"] = ih
+            ih = hash_json({**basis, "forced": self.force.id})
+        elif prior is not None and prior.status == "COMPLETED" and (prior.summary or {}).get("natural_input_hash") == ih:
+            ih = prior.input_hash  # the head is a forced re-run on these very inputs: it is current
         if stamps:
             basis["stamps"] = stamps  # recorded by ingest, not hashed
         return ih, basis
@@ -324,6 +367,11 @@ class PhaseRunner:
         if phase.name == "ingest":
             summary["input_files"] = basis["files"]
             summary["input_stamps"] = basis["stamps"]
+        if "natural_input_hash" in basis:
+            assert self.force is not None
+            summary["natural_input_hash"] = basis["natural_input_hash"]
+            summary["forced"] = {"from": self.force.from_phase, "by": self.force.by, "reason": self.force.reason,
+                                 "id": self.force.id, "run_id": self.run_id}
         cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=phase.tier,
                                   tier_label=phase.tier_label, run_id=self.run_id)
         self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]})")

@@ -110,7 +110,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run(settings: Settings, keys: list[str], workers: int | None = None) -> list:
+def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
     from pipeline.orchestrate import Progress, run_partitions_in_workers
 
     _prepare(settings)
@@ -120,12 +120,29 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None) -> lis
     workers = workers or settings.workers
     sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']}"
                      f"{f', up to {workers} processes' if workers > 1 else ''})\n")
-    return run_partitions_in_workers(keys, workers=workers, progress=Progress(len(keys)))
+    return run_partitions_in_workers(keys, workers=workers, progress=Progress(len(keys)), force=force)
+
+
+def _force(args: argparse.Namespace):  # -> assets.runner.Force | None
+    """``--from PHASE --reason TEXT``: recompute PHASE and every later phase, recorded as who and why."""
+    if args.from_phase is None:
+        if args.reason:
+            raise ConfigError("--reason goes with --from PHASE")
+        return None
+    if not (args.reason or "").strip():
+        raise ConfigError(f"--from {args.from_phase} needs --reason TEXT: the ledger records why the batch was re-run")
+    import getpass
+    import uuid
+
+    from assets.runner import Force
+
+    return Force(args.from_phase, args.reason.strip(), os.environ.get("STORMLAKE_OPERATOR") or getpass.getuser(),
+                 uuid.uuid4().hex)
 
 
 def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
     keys = select_partitions(settings, args.regions, args.days)
-    runs = _run(settings, keys, args.workers)
+    runs = _run(settings, keys, args.workers, _force(args))
     failed = [r for r in runs if not r.ok]
     computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
     delivered = sum(len(r.delivered) for r in runs)
@@ -369,9 +386,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_runs(sub: argparse._SubParsersAction) -> None:
+    from assets.phases import PHASES
+
     sub.add_parser("demo", help="generate the sample if needed, run it all, print the status").set_defaults(fn=cmd_demo)
     b = sub.add_parser("backfill", help="run partitions of the landing zone through Dagster")
     _selection_args(b)
+    b.add_argument("--from", dest="from_phase", choices=[p.name for p in PHASES], default=None, metavar="PHASE",
+                   help="recompute PHASE and every later phase even when nothing changed (needs --reason)")
+    b.add_argument("--reason", default=None, help="why the batches are re-run (recorded in the ledger)")
     b.add_argument("--workers", type=_positive, default=None, metavar="N",
                    help="processes running key ranges at once (default STORMLAKE_WORKERS: the number of cores)")
     b.set_defaults(fn=cmd_backfill)

@@ -19,6 +19,7 @@ import dagster as dg
 
 from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
+from assets.runner import Force
 from pipeline.jobs import LAUNCHED_BY
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
@@ -269,7 +270,7 @@ class PartitionLauncher:
     """
 
     def __init__(self, instance: dg.DagsterInstance, *, progress: Progress | None,
-                 on_result: Callable[[PartitionRun], None] | None, preflight: bool):
+                 on_result: Callable[[PartitionRun], None] | None, preflight: bool, force: Force | None = None):
         from assets.materialize import build_runner
         from pipeline.definitions import build_resources, defs
         from pipeline.jobs import STORM_JOB
@@ -280,7 +281,10 @@ class PartitionLauncher:
         self.progress = progress
         self.on_result = on_result
         self.preflight = preflight
-        self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+        self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
+                     **(force.tags() if force else {})}
+        # A forced re-run keeps only the phases before the one it is forced from as they stand.
+        self.keep = PHASES.index(BY_NAME[force.from_phase]) if force else len(PHASES)
         self.runs: list[PartitionRun] = []
         self.current: dict[str, list[Checkpoint]] = {}  # per key: heads of the leading phases that would skip
 
@@ -290,6 +294,10 @@ class PartitionLauncher:
 
     def part(self, key: str) -> PartitionRef:
         return PartitionRef.parse(key, self.runner.regions)
+
+    def current_heads(self, key: str) -> list[Checkpoint]:
+        """The heads of the leading phases that would skip (none without a preflight)."""
+        return self.runner.current_heads(self.part(key))[:self.keep] if self.preflight else []
 
     def report(self, run: PartitionRun) -> None:
         self.runs.append(run)
@@ -304,7 +312,7 @@ class PartitionLauncher:
         todo: list[str] = []
         for key in keys:
             start = time.monotonic()
-            self.current[key] = self.runner.current_heads(self.part(key)) if self.preflight else []
+            self.current[key] = self.current_heads(key)
             if len(self.current[key]) < len(PHASES):
                 todo.append(key)
                 continue
@@ -321,7 +329,7 @@ class PartitionLauncher:
         part = self.part(key)
         current = self.current.pop(key, None)
         if current is None:
-            current = self.runner.current_heads(part) if self.preflight else []
+            current = self.current_heads(key)
         self.runner.record_skips(current)
         if len(current) < len(PHASES):
             self.runner.prefetch(PHASES[len(current)], part)
@@ -378,7 +386,8 @@ class PartitionLauncher:
 
 def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
                    max_per_run: int = MAX_PARTITIONS_PER_RUN,
-                   on_result: Callable[[PartitionRun], None] | None = None) -> list[PartitionRun]:
+                   on_result: Callable[[PartitionRun], None] | None = None,
+                   force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions through ``storm_job`` in this process.
 
     Neighbouring partitions (in the partitions' own order: day, then region) share one run of
@@ -387,11 +396,13 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     holds back no other. With ``preflight`` (the default), partitions whose every phase would
     skip launch no run at all, and a run starts at the first phase that some partition of its
     range still needs (a resumed batch does not step through its finished phases again).
+    ``force``: recompute from that phase on, whatever the ledger holds (``--from``).
     """
     instance = _open_instance()
     with instance:
         reap_dead_cli_runs(instance)
-        launcher = PartitionLauncher(instance, progress=progress, on_result=on_result, preflight=preflight)
+        launcher = PartitionLauncher(instance, progress=progress, on_result=on_result, preflight=preflight,
+                                     force=force)
         runs = launcher.launch(keys, max_per_run)
     if progress:
         progress.close()
@@ -429,7 +440,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _worker(tasks, results, preflight: bool, max_per_run: int) -> None:  # noqa: ANN001 - multiprocessing queues
+def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None) -> None:  # noqa: ANN001 - multiprocessing queues
     """One worker process: run blocks of keys until there are none, every finished partition
     reported on ``results``; ``None`` last (or the error that stopped it)."""
     _die_with_parent()
@@ -441,7 +452,8 @@ def _worker(tasks, results, preflight: bool, max_per_run: int) -> None:  # noqa:
     warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
     try:
         while (block := tasks.get()) is not None:
-            runs = run_partitions(block, preflight=preflight, max_per_run=max_per_run, on_result=results.put)
+            runs = run_partitions(block, preflight=preflight, max_per_run=max_per_run, on_result=results.put,
+                                  force=force)
             if runs and runs[-1].ledger_down:
                 break
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
@@ -450,8 +462,8 @@ def _worker(tasks, results, preflight: bool, max_per_run: int) -> None:  # noqa:
 
 
 def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progress | None = None,
-                              preflight: bool = True,
-                              max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[PartitionRun]:
+                              preflight: bool = True, max_per_run: int = MAX_PARTITIONS_PER_RUN,
+                              force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions in up to ``workers`` processes at once, each running blocks of
     neighbouring keys as :func:`run_partitions` does (range runs, preflight, skips).
 
@@ -463,7 +475,7 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
 
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:
-        return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run)
+        return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or connections of this one
     tasks, results = ctx.Queue(), ctx.Queue()
     for block in blocks:
@@ -471,7 +483,7 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     n = min(workers, len(blocks))
     for _ in range(n):
         tasks.put(None)
-    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run), name=f"stormlake-worker-{i}")
+    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force), name=f"stormlake-worker-{i}")
              for i in range(n)]
     for proc in procs:
         proc.start()

@@ -16,7 +16,8 @@ KEY = "2026-09-01|gulf_coast"
 
 
 def materialize(key: str = KEY, *, selection: list[Any] | None = None, raise_on_error: bool = False,
-                instance: dg.DagsterInstance | None = None) -> dg.ExecuteInProcessResult:
+                instance: dg.DagsterInstance | None = None,
+                tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
     """Materialize the phase assets (their tables) for one partition with resources built from the environment."""
     return dg.materialize(
         PHASE_ASSETS,
@@ -25,6 +26,7 @@ def materialize(key: str = KEY, *, selection: list[Any] | None = None, raise_on_
         resources=build_resources(),
         instance=instance,
         raise_on_error=raise_on_error,
+        tags=tags,
     )
 
 

@@ -267,3 +267,24 @@ def test_demo_against_an_external_server(tmp_path: Path, pg_dsn: str) -> None:
     env = base_env(home, STORMLAKE_PG_DSN=pg_dsn)
     check_demo_twice(env, home, cwd)
     assert not (home / "pg").exists(), "an embedded server was started although STORMLAKE_PG_DSN is set"
+
+
+def test_backfill_from_a_phase_recomputes_it_and_the_later_ones_and_delivers_nothing_new(
+        tmp_path: Path, sample_landing: Path, pg_dsn: str) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(sample_landing, home / "landing")
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_OPERATOR="ops-on-call")
+    args = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01")
+    assert stormlake(*args, env=env, cwd=tmp_path).returncode == 0
+    files = published_state(home)
+
+    assert_one_line_error(stormlake(*args, "--from", "correlate", env=env, cwd=tmp_path), 2, "--reason")
+    forced = stormlake(*args, "--from", "correlate", "--reason", "review of the cluster rule", env=env, cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert "1/1 partitions succeeded; 2 phases computed, 0 artifact deliveries" in forced.stdout, forced.stdout
+    assert "ingest:skip enrich:skip correlate:done present:done" in forced.stderr, forced.stderr
+    assert published_state(home) == files  # the same bytes: nothing published again
+    rows = [r for r in status_json(env, tmp_path)["partitions"] if (r["day"], r["region"]) == ("2026-09-01", "gulf_coast")]
+    assert rows and rows[0]["tier"] == 4
+    again = stormlake(*args, env=env, cwd=tmp_path)
+    assert "0 phases computed, 0 artifact deliveries" in again.stdout, again.stdout

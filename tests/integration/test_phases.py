@@ -586,3 +586,43 @@ def test_a_partition_that_has_not_landed_is_no_failure_and_leaves_no_trace(sl_en
     half = materialize(key)
     assert not half.success
     assert "gulf_coast/2026-09-20/outages.csv" in failure_descriptions(half)[0]
+
+
+def test_a_forced_rerun_from_correlate_recomputes_it_and_present_keeps_history_and_delivers_nothing(
+        sl_env: dict[str, str], ledger: Ledger) -> None:
+    from assets.runner import Force
+
+    assert_completed_all(materialize(KEY))
+    before = heads_by_phase(ledger)
+    receipts = [(r.artifact_id, r.target, r.status) for r in ledger.receipts(partition_key=KEY)]
+    force = Force("correlate", "cluster threshold review", "ops-on-call", "f1")
+
+    forced = materialize(KEY, tags=force.tags())
+    assert forced.success, failure_descriptions(forced)
+    assert step_outcomes(forced) == {"ingested_batch": "SKIPPED", "enriched_outages": "SKIPPED",
+                                     "storm_correlation": "COMPLETED", "operational_picture": "COMPLETED"}
+    after = heads_by_phase(ledger)
+    for phase in ("ingest", "enrich"):
+        assert after[phase].id == before[phase].id
+    for phase in ("correlate", "present"):
+        cp = after[phase]
+        assert cp.id != before[phase].id and cp.input_hash != before[phase].input_hash
+        assert cp.summary["forced"] == {"from": "correlate", "by": "ops-on-call", "reason": "cluster threshold review",
+                                        "id": "f1", "run_id": forced.run_id}
+        assert cp.summary["natural_input_hash"] == before[phase].input_hash
+        assert cp.state_hash == before[phase].state_hash  # the same inputs gave the same tables and artifacts
+        # The old checkpoint is superseded, not deleted: the history shows both.
+        rows = query(ledger, "SELECT id, superseded_at FROM checkpoints WHERE partition_key = %s AND phase = %s"
+                             " ORDER BY id", (KEY, phase))
+        assert [r["id"] for r in rows] == [before[phase].id, cp.id]
+        assert rows[0]["superseded_at"] is not None and rows[1]["superseded_at"] is None
+    # The bytes did not change: nothing was delivered again, the receipts are as they were.
+    assert after["present"].summary["delivered"] == []
+    assert [(r.artifact_id, r.target, r.status) for r in ledger.receipts(partition_key=KEY)] == receipts
+
+    # A plain run afterwards finds every phase current (the forced checkpoints included).
+    again = materialize(KEY)
+    assert step_outcomes(again) == dict.fromkeys(ASSETS, "SKIPPED")
+    # A forced run needs a phase name and a reason.
+    bad = materialize(KEY, tags={"stormlake/from": "correlate"})
+    assert not bad.success and "needs a reason" in failure_descriptions(bad)[0]
