@@ -31,6 +31,7 @@ from resources.lake import Lake, LakeResource
 from resources.landing import LandingResource
 from resources.ledger_resource import LedgerResource
 from resources.publisher import PublisherResource
+from resources.settings import load_settings
 
 # Dagster-level retries of transient errors, on top of the ledger's and the webhook target's own
 # bounded retries: a step is tried at most 3 times, 1 s and then about 2 s apart.
@@ -124,6 +125,7 @@ def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerReso
         run_id=context.run.run_id if context is not None else None,
         log=log,
         force=Force.from_tags(context.run.tags, context.run.run_id) if context is not None else None,
+        dead_letter_after=load_settings().dead_letter_after,
     )
 
 

@@ -84,6 +84,10 @@ def _recorded_files(cp: Checkpoint | None) -> dict[str, tuple[str, str]]:
     return {rel: (stamps[rel], digest) for rel, digest in files.items() if rel in stamps}
 
 
+class DeadLettered(StormlakeError):
+    """The phase failed too often on the same inputs; it waits for ``stormlake release``."""
+
+
 @dataclass(frozen=True)
 class Force:
     """A re-run forced from ``from_phase`` on: that phase and every later one compute again.
@@ -124,8 +128,9 @@ class PhaseRunner:
 
     def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
                  regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
-                 lease_timeout_s: float = 900.0, force: Force | None = None):
+                 lease_timeout_s: float = 900.0, force: Force | None = None, dead_letter_after: int = 3):
         self.ledger = ledger
+        self.dead_letter_after = dead_letter_after
         self.force = force
         self.lake = lake
         self.landing = landing
@@ -281,6 +286,7 @@ class PhaseRunner:
                     input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
                     run_id=self.run_id)
         look = self.ledger.look(**args)
+        self._refuse_dead_letter(phase, part, look.head, ih)
         if look.skip:
             assert look.head is not None
             self.ledger.record_skip(look.head, self.run_id)
@@ -301,6 +307,11 @@ class PhaseRunner:
             assert claim is not None
             _log.info("%s %s: attempt %s (seq %s)", phase.name, part.key, claim.checkpoint.attempt, claim.seq)
             faults.check("after_lease", phase=phase.name, partition_key=part.key)
+            if self.force is not None and phase.name == self.force.from_phase:
+                # An operator action: recorded with who and why, once per attempt it starts.
+                self.ledger.record_action("force", part.key, phase=phase.name, actor=self.force.by,
+                                          reason=self.force.reason,
+                                          detail={"force_id": self.force.id, "run_id": self.run_id})
             try:
                 outcome = self._attempt(phase, part, ups, claim, basis, compute, grader)
             except BaseException as exc:
@@ -309,12 +320,23 @@ class PhaseRunner:
         faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
         return outcome
 
+    def _refuse_dead_letter(self, phase: Phase, part: PartitionRef, head: Checkpoint | None, ih: str) -> None:
+        """No attempt on inputs that failed :attr:`dead_letter_after` times: they wait for a person."""
+        if head is None or head.input_hash != ih or head.status != "FAILED" or head.failures < self.dead_letter_after:
+            return
+        raise DeadLettered(
+            f"{phase.name} of {part.key} is dead-lettered after {head.failures} failures on these inputs"
+            f" (last: {head.error_class}: {(head.error_message or '').splitlines()[0] if head.error_message else ''});"
+            f" fix the cause, then `stormlake release {part.key} --reason TEXT`")
+
     def _record_failure(self, claim: Claim, exc: BaseException) -> None:
         if isinstance(exc, LedgerUnavailable):
             return  # cannot record; the PENDING row is taken over by the next attempt
         message = str(exc) if isinstance(exc, StormlakeError) else f"{exc.__class__.__name__}: {exc}"
+        transient = isinstance(exc, StormlakeError) and exc.transient
         try:
-            self.ledger.fail(claim, error_class=exc.__class__.__name__, error_message=message, run_id=self.run_id)
+            self.ledger.fail(claim, error_class=exc.__class__.__name__, error_message=message, run_id=self.run_id,
+                             counts=not transient)
         except StormlakeError as inner:
             self.log(f"could not record the failure in the ledger: {inner}")
 

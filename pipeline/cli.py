@@ -131,13 +131,11 @@ def _force(args: argparse.Namespace):  # -> assets.runner.Force | None
         return None
     if not (args.reason or "").strip():
         raise ConfigError(f"--from {args.from_phase} needs --reason TEXT: the ledger records why the batch was re-run")
-    import getpass
     import uuid
 
     from assets.runner import Force
 
-    return Force(args.from_phase, args.reason.strip(), os.environ.get("STORMLAKE_OPERATOR") or getpass.getuser(),
-                 uuid.uuid4().hex)
+    return Force(args.from_phase, args.reason.strip(), _operator(), uuid.uuid4().hex)
 
 
 def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
@@ -212,6 +210,47 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for line in render_table(ledger, flt, filtered=filtered):
             print(line)
+        dead = ledger.dead_letters(settings.dead_letter_after)
+        if dead:
+            print(f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review")
+    return 0
+
+
+def _operator() -> str:
+    """Who an operator action is recorded as: ``STORMLAKE_OPERATOR``, else the login name."""
+    import getpass
+
+    return os.environ.get("STORMLAKE_OPERATOR") or getpass.getuser()
+
+
+def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
+    from resources.keys import split_partition_key
+
+    day, region = split_partition_key(args.key)
+    if region not in {r.region_id for r in load_regions(settings.regions_file)}:
+        raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file)")
+    if not (args.reason or "").strip():
+        raise ConfigError("release needs --reason TEXT: the ledger records why")
+    phases = _reading_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
+    if phases:
+        print(f"released {args.key}: {', '.join(phases)} will be tried again by the next run")
+    else:
+        print(f"{args.key} had no dead-lettered or failed phase; the release is recorded")
+    return 0
+
+
+def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
+    """What waits for a person: the dead-lettered phases, each with its last error and what to run."""
+    dead = _reading_ledger(settings).dead_letters(settings.dead_letter_after)
+    if not dead:
+        print(f"nothing waits for review (no phase failed {settings.dead_letter_after} times on the same inputs)")
+        return 0
+    print(f"{len(dead)} dead-lettered (failed {settings.dead_letter_after}+ times on the same inputs; "
+          "backfills, schedules and sensors skip them):")
+    for cp in dead:
+        error = (cp.error_message or "").splitlines()[0] if cp.error_message else ""
+        print(f"  {cp.partition_key:<28} {cp.phase:<9} {cp.failures} failures  last: {cp.error_class}: {error}")
+        print(f"    next: fix the cause, then stormlake release {cp.partition_key} --reason TEXT")
     return 0
 
 
@@ -435,6 +474,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_operations(sub: argparse._SubParsersAction) -> None:
+    rv = sub.add_parser("review", help="what waits for a person: the dead-lettered phases and what to run")
+    rv.set_defaults(fn=cmd_review)
+    rl = sub.add_parser("release", help="re-arm a dead-lettered partition (recorded with who and why)")
+    rl.add_argument("key", metavar="KEY", help="the partition key, YYYY-MM-DD|region_id")
+    rl.add_argument("--reason", required=True, help="why it is released (recorded in the ledger)")
+    rl.set_defaults(fn=cmd_release)
     pr = sub.add_parser("prune", help="remove ledger history past the window")
     pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
     pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",

@@ -103,6 +103,7 @@ class Checkpoint:
     updated_at: Any
     completed_at: Any
     superseded_at: Any
+    failures: int = 0  # failed attempts that count toward the dead-letter limit (migration 005)
 
 
 def receipt_key(artifact_id: str, generation: int) -> str:
@@ -604,16 +605,21 @@ class Ledger:
                 return head
             raise
 
-    def fail(self, claim: Claim, *, error_class: str, error_message: str, run_id: str | None) -> bool:
-        """Record FAILED with the error; returns False when the attempt was already fenced off."""
+    def fail(self, claim: Claim, *, error_class: str, error_message: str, run_id: str | None,
+             counts: bool = True) -> bool:
+        """Record FAILED with the error; returns False when the attempt was already fenced off.
+
+        ``counts``: the failure counts toward the dead-letter limit (not for a transient error).
+        """
 
         def txn(conn: psycopg.Connection) -> bool:
             with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
                 cp = cur.execute(
-                    "UPDATE checkpoints SET status = 'FAILED', error_class = %s, error_message = %s,"
-                    " run_id = %s, updated_at = now()"
-                    " WHERE id = %s AND seq = %s AND status = 'PENDING' RETURNING *",
-                    (error_class, error_message[:4000], run_id, claim.id, claim.seq),
+                    "UPDATE checkpoints SET status = 'FAILED', error_class = %(cls)s, error_message = %(msg)s,"
+                    " run_id = %(run)s, updated_at = now(), failures = failures + %(counts)s"
+                    " WHERE id = %(id)s AND seq = %(seq)s AND status = 'PENDING' RETURNING *",
+                    {"cls": error_class, "msg": error_message[:4000], "run": run_id, "counts": int(counts),
+                     "id": claim.id, "seq": claim.seq},
                 ).fetchone()
             if cp is None:
                 return False
@@ -621,6 +627,62 @@ class Ledger:
             return True
 
         return self._run(txn, what=f"record the failure of {claim.checkpoint.phase}")
+
+    # ---- dead letters and operator actions ----------------------------------------------
+    def dead_letters(self, limit: int) -> list[Checkpoint]:
+        """Head checkpoints FAILED ``limit`` times or more for the same inputs, oldest first."""
+
+        def q(conn: psycopg.Connection) -> list[Checkpoint]:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                return cur.execute(
+                    "SELECT * FROM checkpoints WHERE superseded_at IS NULL AND status = 'FAILED'"
+                    " AND failures >= %(limit)s ORDER BY day, region_id, phase", {"limit": limit},
+                ).fetchall()
+
+        return self._run(q, what="read the dead letters", single=True)
+
+    def release(self, partition_key: str, *, actor: str, reason: str) -> list[str]:
+        """Re-arm the dead-lettered phases of a partition (their failure count back to 0), as
+        one operator action recorded with who and why; returns the phases released."""
+
+        def txn(conn: psycopg.Connection) -> list[str]:
+            phases = [r[0] for r in conn.execute(
+                "UPDATE checkpoints SET failures = 0, updated_at = now() WHERE partition_key = %(key)s"
+                " AND superseded_at IS NULL AND status = 'FAILED' AND failures > 0 RETURNING phase",
+                {"key": partition_key})]
+            self.record_action_txn(conn, "release", partition_key, actor=actor, reason=reason,
+                                   detail={"phases": sorted(phases)})
+            return sorted(phases)
+
+        return self._run(txn, what=f"release {partition_key}")
+
+    def record_action(self, action: str, partition_key: str, *, actor: str, reason: str, phase: str | None = None,
+                      detail: dict[str, Any] | None = None) -> None:
+        """Record an operator action (who, when, why) in ``operator_actions``."""
+        self._run(lambda conn: self.record_action_txn(conn, action, partition_key, actor=actor, reason=reason,
+                                                      phase=phase, detail=detail),
+                  what=f"record the {action} of {partition_key}")
+
+    @staticmethod
+    def record_action_txn(conn: psycopg.Connection, action: str, partition_key: str, *, actor: str, reason: str,
+                          phase: str | None = None, detail: dict[str, Any] | None = None) -> None:
+        conn.execute(
+            "INSERT INTO operator_actions (action, partition_key, phase, actor, reason, detail)"
+            " VALUES (%(action)s, %(key)s, %(phase)s, %(actor)s, %(reason)s, %(detail)s)",
+            {"action": action, "key": partition_key, "phase": phase, "actor": actor, "reason": reason,
+             "detail": Jsonb(detail or {})})
+
+    def actions(self, partition_key: str | None = None) -> list[dict[str, Any]]:
+        """The operator actions, oldest first (of one partition, or all)."""
+
+        def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(
+                    "SELECT action_id, at, action, partition_key, phase, actor, reason, detail FROM operator_actions"
+                    " WHERE %(key)s::text IS NULL OR partition_key = %(key)s ORDER BY action_id",
+                    {"key": partition_key}).fetchall()
+
+        return self._run(q, what="read the operator actions", single=True)
 
     # ---- leases -----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -57,6 +57,7 @@ class Settings:
     webhook_tries: int = 5
     webhook_backoff_s: float = 0.5
     workers: int = 1  # backfill processes at once: the CLI's --workers default and the UI's backfill runs
+    dead_letter_after: int = 3  # failed attempts of the same inputs after which a phase waits for a person
 
     @property
     def pgdata(self) -> Path:
@@ -96,16 +97,21 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         webhook_tries=int(_number(get, "STORMLAKE_WEBHOOK_TRIES", 5)),
         webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
         workers=_workers(get),
+        dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", 3),
     )
 
 
 def _workers(get) -> int:  # type: ignore[no-untyped-def]
     """``STORMLAKE_WORKERS``: how many backfill processes run at once (default: the machine's cores)."""
-    raw = get("STORMLAKE_WORKERS")
+    return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
+
+
+def _whole(get, name: str, default: int) -> int:  # type: ignore[no-untyped-def]
+    raw = get(name)
     if raw is None:
-        return max(1, os.cpu_count() or 1)
+        return default
     if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"STORMLAKE_WORKERS={raw!r} is not a whole number of at least 1")
+        raise ConfigError(f"{name}={raw!r} is not a whole number of at least 1")
     return int(raw)
 
 

@@ -25,6 +25,7 @@ from assets.schemas import SCHEMAS, table_schema
 from resources.ledger import Ledger
 from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
+from resources.settings import load_settings
 from tests.helpers import KEY, lake, latest_version, materialize, read_table, step_outcomes, table_versions
 from tests.ledger_sql import attempt_counts, query
 
@@ -616,6 +617,8 @@ def test_a_forced_rerun_from_correlate_recomputes_it_and_present_keeps_history_a
                              " ORDER BY id", (KEY, phase))
         assert [r["id"] for r in rows] == [before[phase].id, cp.id]
         assert rows[0]["superseded_at"] is not None and rows[1]["superseded_at"] is None
+    assert [(a["action"], a["phase"], a["actor"], a["reason"], a["detail"]["force_id"]) for a in ledger.actions(KEY)] == [
+        ("force", "correlate", "ops-on-call", "cluster threshold review", "f1")]
     # The bytes did not change: nothing was delivered again, the receipts are as they were.
     assert after["present"].summary["delivered"] == []
     assert [(r.artifact_id, r.target, r.status) for r in ledger.receipts(partition_key=KEY)] == receipts
@@ -626,3 +629,47 @@ def test_a_forced_rerun_from_correlate_recomputes_it_and_present_keeps_history_a
     # A forced run needs a phase name and a reason.
     bad = materialize(KEY, tags={"stormlake/from": "correlate"})
     assert not bad.success and "needs a reason" in failure_descriptions(bad)[0]
+
+
+def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_env: dict[str, str],
+                                                                            ledger: Ledger) -> None:
+    limit = load_settings().dead_letter_after
+    assert limit == 3
+    _drop_outages_column(landing_file(sl_env, "outages.csv"))  # a failure that comes back every time
+    for n in range(1, limit + 1):
+        assert not materialize(KEY).success
+        head = heads_by_phase(ledger)["ingest"]
+        assert (head.status, head.attempt, head.failures) == ("FAILED", n, n)
+    assert [(cp.partition_key, cp.phase) for cp in ledger.dead_letters(limit)] == [(KEY, "ingest")]
+
+    # Dead-lettered: the next run makes no attempt and says why in one line.
+    refused = materialize(KEY)
+    assert not refused.success
+    desc = failure_descriptions(refused)[0]
+    assert "dead-lettered after 3 failures" in desc and "customers_out" in desc and "stormlake release" in desc, desc
+    assert "\n" not in desc.strip()
+    head = heads_by_phase(ledger)["ingest"]
+    assert (head.attempt, head.failures) == (limit, limit)
+
+    # A release re-arms it (recorded with who and why); the next run tries again.
+    assert ledger.release(KEY, actor="ops-on-call", reason="upstream promised a fix") == ["ingest"]
+    actions = ledger.actions(KEY)
+    assert [(a["action"], a["actor"], a["reason"], a["detail"]) for a in actions] == [
+        ("release", "ops-on-call", "upstream promised a fix", {"phases": ["ingest"]})]
+    assert ledger.dead_letters(limit) == []
+    assert not materialize(KEY).success
+    head = heads_by_phase(ledger)["ingest"]
+    assert (head.attempt, head.failures) == (limit + 1, 1)
+
+
+def test_a_transient_failure_does_not_count_toward_the_dead_letter_limit(sl_env: dict[str, str],
+                                                                         ledger: Ledger) -> None:
+    args = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="ingest", input_hash="h" * 64,
+                schema_version=1, code_version="1", run_id=None)
+    claim = ledger.claim(**args).claim
+    assert claim is not None and ledger.fail(claim, error_class="DeliveryExhausted", error_message="webhook down",
+                                             run_id=None, counts=False)
+    claim = ledger.claim(**args).claim
+    assert claim is not None and ledger.fail(claim, error_class="InputFileError", error_message="bad", run_id=None)
+    head = heads_by_phase(ledger)["ingest"]
+    assert (head.attempt, head.failures) == (2, 1)
