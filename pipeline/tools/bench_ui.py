@@ -77,11 +77,12 @@ def _published(ledger_dsn: str) -> int:
         ledger.close()
 
 
-def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 300
+def wait_for_webserver(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float = 300) -> None:
+    """Wait until the webserver at ``url`` answers ``/server_info`` (``proc``: the process serving it)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"stormlake ui exited with {proc.returncode}")
+            raise RuntimeError(f"the Dagster webserver's process exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
                 if resp.status == 200:
@@ -89,7 +90,7 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
-    raise RuntimeError("stormlake ui did not answer /server_info")
+    raise RuntimeError(f"the Dagster webserver at {url} did not answer /server_info")
 
 
 def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: list[str]) -> float:
@@ -105,7 +106,7 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
                             stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_up(url, proc)
+        wait_for_webserver(url, proc)
         params = {"assetSelection": [{"path": k.path} for k in table_keys(PHASES)], "partitionNames": keys,
                   "title": "bench --ui"}
         t = time.perf_counter()
@@ -169,12 +170,11 @@ def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, r
 
 
 def render_ui(result: dict[str, Any]) -> str:
+    from pipeline.tools.bench_workers import render_turns
+
     c = result["config"]
-    lines = [f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: the Dagster UI "
-             "(launchPartitionBackfill, launch to last publication) against stormlake backfill",
-             f"{'turn':<5} {'cli':>8} {'ui':>8} {'ui/cli':>7}"]
-    for i, t in enumerate(result["turns"], 1):
-        lines.append(f"{i:<5} {t['cli_s']:>7.1f}s {t['ui_s']:>7.1f}s {t['ratio']:>7.3f}")
-    lines.append(f"median ui/cli {result['ratio']:.3f} (target <= {result['target']}): "
-                 f"{'met' if result['met'] else 'NOT met'}")
-    return "\n".join(lines)
+    return render_turns(
+        f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: the Dagster UI "
+        "(launchPartitionBackfill, launch to last publication) against stormlake backfill",
+        ("cli", "ui", "ui/cli"), ("cli_s", "ui_s", "ratio"), result,
+        f"median ui/cli {result['ratio']:.3f} (target <= {result['target']})")

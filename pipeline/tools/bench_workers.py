@@ -74,13 +74,21 @@ def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespa
     return 0 if result["met"] else 1
 
 
+def render_turns(title: str, columns: tuple[str, str, str], keys: tuple[str, str, str],
+                 result: dict[str, Any], verdict: str) -> str:
+    """A side-by-side measurement as a table: one line per turn (two times and their ratio), then
+    the median ratio against its target."""
+    lines = [title, f"{'turn':<5} {columns[0]:>10} {columns[1]:>10} {columns[2]:>8}"]
+    for i, t in enumerate(result["turns"], 1):
+        lines.append(f"{i:<5} {t[keys[0]]:>9.1f}s {t[keys[1]]:>9.1f}s {t[keys[2]]:>8.3f}")
+    lines.append(f"{verdict}: {'met' if result['met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
 def render_workers(result: dict[str, Any]) -> str:
     c = result["config"]
-    lines = [f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: 1 process against "
-             f"{c['workers']}, each turn on a fresh home",
-             f"{'turn':<5} {'1 worker':>9} {str(c['workers']) + ' workers':>10} {'speedup':>8}"]
-    for i, t in enumerate(result["turns"], 1):
-        lines.append(f"{i:<5} {t['one_s']:>8.1f}s {t['many_s']:>9.1f}s {t['speedup']:>8.3f}")
-    lines.append(f"median speedup {result['speedup']:.3f} (target >= {result['target']}): "
-                 f"{'met' if result['met'] else 'NOT met'}")
-    return "\n".join(lines)
+    return render_turns(
+        f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: 1 process against "
+        f"{c['workers']}, each turn on a fresh home",
+        ("1 worker", f"{c['workers']} workers", "speedup"), ("one_s", "many_s", "speedup"), result,
+        f"median speedup {result['speedup']:.3f} (target >= {result['target']})")

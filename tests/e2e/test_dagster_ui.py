@@ -75,17 +75,12 @@ class Dagster:
 
 
 def _wait_up(d: Dagster) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert d.proc.poll() is None, f"dagster dev exited with {d.proc.returncode}:\n{d.tail()}"
-        try:
-            with urllib.request.urlopen(f"{d.url}/server_info", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1)
-    raise AssertionError(f"the webserver did not answer /server_info:\n{d.tail()}")
+    from pipeline.tools.bench_ui import wait_for_webserver
+
+    try:
+        wait_for_webserver(d.url, d.proc)
+    except RuntimeError as exc:
+        raise AssertionError(f"{exc}:\n{d.tail()}") from None
 
 
 def _stop(proc: subprocess.Popen) -> None:
