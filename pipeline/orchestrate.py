@@ -415,16 +415,24 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
 def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[list[str]]:
     """The blocks of neighbouring keys the worker processes take one at a time.
 
-    A block is at most ``max_per_run`` keys (one range run) and small enough that every worker
-    gets a share: 10 keys for 2 workers are two blocks of 5, not 8 and 2. A selection of at
-    most ``max_per_run`` keys is one block: one process runs it, with no worker to start.
+    A block is at most ``max_per_run`` keys (one range run), and the blocks are as equal as the
+    keys allow, as many as the workers times the rounds they need, so that the workers finish
+    together: 18 keys for 2 workers are blocks of 5, 5, 4 and 4 (9 each), not 8, 8 and 2. A
+    selection of at most ``max_per_run`` keys is one block: one process runs it, with no worker
+    to start.
     """
     from assets.partitions import PARTITIONS
 
     if workers <= 1 or len(keys) <= max_per_run:
         return [keys] if keys else []
-    size = max(1, min(max_per_run, -(-len(keys) // workers)))
-    return contiguous_groups(keys, PARTITIONS.get_partition_keys(), size)
+    rounds = -(-len(keys) // (workers * max_per_run))
+    size = -(-len(keys) // (workers * rounds))
+    blocks: list[list[str]] = []
+    for run in contiguous_groups(keys, PARTITIONS.get_partition_keys(), len(keys)):  # split at gaps only
+        parts = -(-len(run) // size)
+        cuts = [round(i * len(run) / parts) for i in range(parts + 1)]
+        blocks.extend(run[a:b] for a, b in zip(cuts, cuts[1:], strict=False))
+    return blocks
 
 
 def _die_with_parent() -> None:

@@ -22,8 +22,11 @@ def test_every_worker_gets_a_share_of_neighbouring_keys() -> None:
     blocks = worker_blocks(keys(2)[:10], workers=2)  # 10 keys: 5 and 5, not 8 and 2
     assert [len(b) for b in blocks] == [5, 5]
     assert sorted(k for b in blocks for k in b) == sorted(keys(2)[:10])
-    many = worker_blocks(keys(20), workers=2)  # 120 keys: range runs of at most 8
-    assert max(len(b) for b in many) == MAX_PARTITIONS_PER_RUN
+    blocks = worker_blocks(keys(3), workers=2)  # 18 keys: 5, 5, 4, 4 (9 each), not 8, 8, 2
+    assert sorted(len(b) for b in blocks) == [4, 4, 5, 5]
+    assert [k for b in blocks for k in b] == keys(3)
+    many = worker_blocks(keys(20), workers=2)  # 120 keys: range runs of at most 8, 7 or 8 each
+    assert max(len(b) for b in many) <= MAX_PARTITIONS_PER_RUN and min(len(b) for b in many) >= 7
     assert sum(len(b) for b in many) == 120 and len({k for b in many for k in b}) == 120
     # Keys that are not neighbours (a region left out) are never in one block: a range run
     # would take every key between its first and its last.
