@@ -8,6 +8,7 @@ whether there is work; a partition that is already published costs one skip per 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import socket
 import sys
@@ -23,6 +24,7 @@ from assets.runner import Force
 from pipeline.jobs import LAUNCHED_BY
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
+from resources.keys import split_partition_key
 from resources.ledger import Checkpoint, Ledger
 
 # The phase of each table asset; a step is named after its phase's op (``OP_PHASE``).
@@ -197,19 +199,55 @@ RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
 
 
 def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[list[str]]:
-    """Split ``keys`` into runs of neighbours in the partitions' own order (each a key range)."""
+    """Split ``keys`` into key ranges of at most ``max_size`` keys, each exactly what a run over
+    its first to its last key covers.
+
+    A range of (day, region) partitions is a rectangle: every day from the first key's to the
+    last key's, times every region from the first key's to the last key's (in the region
+    file's order). So a range is one day's neighbouring regions or one region's consecutive
+    days, whichever way takes fewer runs (a day of 50 regions, or a region's year); a run of
+    neighbours longer than ``max_size`` is cut into parts as equal as possible. Keys outside
+    ``order`` are ranges of their own. Ranges come in the order of their first key.
+    """
+    return min(range_groupings(keys, order, max_size), key=len)
+
+
+def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[list[list[str]], list[list[str]]]:
+    """The two ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each
+    range a day's neighbouring regions, and by region, each range a region's consecutive days."""
     pos = {k: i for i, k in enumerate(order)}
-    groups: list[list[str]] = []
-    current: list[str] = []
-    for key in sorted(keys, key=lambda k: (pos.get(k, len(order)), k)):
-        if current and (key not in pos or current[-1] not in pos or pos[key] != pos[current[-1]] + 1
-                        or len(current) >= max_size):
-            groups.append(current)
-            current = []
-        current.append(key)
-    if current:
-        groups.append(current)
-    return groups
+    region_rank: dict[str, int] = {}
+    for key in order:
+        region_rank.setdefault(split_partition_key(key)[1], len(region_rank))
+    known = sorted({k for k in keys if k in pos}, key=pos.__getitem__)
+    parts = [(k, *split_partition_key(k)) for k in known]
+    alone = [[k] for k in keys if k not in pos]
+
+    def ordered(groups: list[list[str]]) -> list[list[str]]:
+        return sorted(groups + alone, key=lambda g: (pos.get(g[0], len(order)), g[0]))
+
+    by_day = _runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size)
+    by_region = _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)
+    return ordered(by_day), ordered(by_region)
+
+
+def _runs(parts: list[tuple[str, str, str]], *, along, max_size: int) -> list[list[str]]:  # noqa: ANN001
+    """Keys in runs of neighbours: ``along(day, region)`` is (line, place), and neighbours are keys
+    of one line at consecutive places; each run cut into parts of at most ``max_size``."""
+    runs: list[list[str]] = []
+    last: tuple[object, int] | None = None
+    for key, day, region in sorted(parts, key=lambda p: along(p[1], p[2])):
+        line, place = along(day, region)
+        if last is None or line != last[0] or place != last[1] + 1:
+            runs.append([])
+        runs[-1].append(key)
+        last = (line, place)
+    out: list[list[str]] = []
+    for run in runs:
+        n = -(-len(run) // max(1, max_size))
+        cuts = [round(i * len(run) / n) for i in range(n + 1)]
+        out.extend(run[a:b] for a, b in zip(cuts, cuts[1:], strict=False))
+    return out
 
 
 def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, ledger: Ledger, group: list[str], *,
@@ -415,11 +453,11 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
 def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[list[str]]:
     """The blocks of neighbouring keys the worker processes take one at a time.
 
-    A block is at most ``max_per_run`` keys (one range run), and the blocks are as equal as the
-    keys allow, as many as the workers times the rounds they need, so that the workers finish
-    together: 18 keys for 2 workers are blocks of 5, 5, 4 and 4 (9 each), not 8, 8 and 2. A
-    selection of at most ``max_per_run`` keys is one block: one process runs it, with no worker
-    to start.
+    A block is one key range of at most ``max_per_run`` keys, about the workers' share, and of
+    the two ways to cut ranges (by day, by region) the one whose workers would finish first:
+    18 keys (3 days of 6 regions) for 2 workers are 6 ranges of a region's 3 days (9 each), not
+    a day's 6 regions three times (12 and 6). A selection of at most ``max_per_run`` keys is
+    one block: one process runs it, with no worker to start.
     """
     from assets.partitions import PARTITIONS
 
@@ -427,12 +465,18 @@ def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIO
         return [keys] if keys else []
     rounds = -(-len(keys) // (workers * max_per_run))
     size = -(-len(keys) // (workers * rounds))
-    blocks: list[list[str]] = []
-    for run in contiguous_groups(keys, PARTITIONS.get_partition_keys(), len(keys)):  # split at gaps only
-        parts = -(-len(run) // size)
-        cuts = [round(i * len(run) / parts) for i in range(parts + 1)]
-        blocks.extend(run[a:b] for a, b in zip(cuts, cuts[1:], strict=False))
-    return blocks
+    return min(range_groupings(keys, PARTITIONS.get_partition_keys(), size),
+               key=lambda blocks: (_makespan(blocks, workers), len(blocks)))
+
+
+def _makespan(blocks: list[list[str]], workers: int) -> float:
+    """When the last worker would finish, each taking the next block as it is free (a block
+    costs its partitions plus about half a partition for its run)."""
+    free = [0.0] * workers
+    for block in blocks:
+        i = free.index(min(free))
+        free[i] += len(block) + 0.5
+    return max(free)
 
 
 def _die_with_parent() -> None:
