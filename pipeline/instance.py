@@ -40,6 +40,7 @@ from resources.pgserver import hold_advisory_lock, resolve_dsns
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
+DEQUEUE_INTERVAL_S = 1
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,14 @@ def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
     """
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
-# The run coordinator is Dagster's default, the queued one; `concurrency` sets its limits.
+# The run coordinator is Dagster's queued one, looking at the queue every second (its default,
+# 5 s, leaves a backfill's next run waiting that long after each run ends); `concurrency` sets
+# its limits.
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: {DEQUEUE_INTERVAL_S}
 storage:
   postgres:
     postgres_url: {url}
