@@ -397,14 +397,16 @@ def _check_table_catalog(d: Dagster) -> None:
 
 
 def _first_tick(d: Dagster, selector: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The sensor's first finished tick (as the daemon recorded it) and its state at that time."""
+    """The sensor's first finished tick (as the daemon recorded it) and its state once the
+    cursor of that tick is stored: the daemon records the tick's status and the sensor's cursor
+    in two writes, so a look between them sees the finished tick with the cursor before it."""
     deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
         sensor = d.gql(SENSOR, {"s": selector})["sensorOrError"]
         assert sensor["__typename"] == "Sensor", sensor
         state = sensor["sensorState"]
         done = [t for t in state["ticks"] if t["status"] in ("SUCCESS", "SKIPPED", "FAILURE")]
-        if done:
+        if done and (done[-1]["cursor"] is None or state["typeSpecificData"]["lastCursor"] == done[-1]["cursor"]):
             return done[-1], state  # ticks are newest first
         assert d.proc.poll() is None, f"dagster dev died:\n{d.tail()}"
         time.sleep(2)
