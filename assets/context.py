@@ -6,6 +6,7 @@ A phase module defines ``compute(ctx: PhaseContext) -> PhaseOutput`` and optiona
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,13 +63,14 @@ class PhaseOutput:
     checks: list[Check] = field(default_factory=list)
 
 
-class PhaseInputs:
+class PhaseInputs(ABC):
     """Reading a phase's input tables, the partition's rows of each (subclasses say from where)."""
 
     phase: Phase
 
+    @abstractmethod
     def read_arrow(self, table: str) -> pa.Table:
-        raise NotImplementedError
+        """This partition's rows of an input table of the phase."""
 
     def read(self, table: str) -> pd.DataFrame:
         return self.read_arrow(table).to_pandas()

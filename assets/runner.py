@@ -54,6 +54,8 @@ def prepare_process() -> None:
     if gc.get_freeze_count() == 0:
         keep_freed_memory()
         gc.freeze()
+
+
 _log = logging.getLogger("stormlake.runner")
 
 
@@ -102,7 +104,7 @@ class Force:
     id: str  # one per request: the runs of one forced backfill (and their retries) share it
 
     def covers(self, phase: Phase) -> bool:
-        return PHASES.index(phase) >= PHASES.index(BY_NAME[self.from_phase])
+        return phase.tier >= BY_NAME[self.from_phase].tier
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str], run_id: str | None = None) -> Force | None:

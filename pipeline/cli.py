@@ -504,15 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-    import warnings
+    from pipeline.console import quiet_console
 
-    # The ledger reports connection trouble as one line of its own; the pool's per-try log
-    # lines would only repeat it.
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    logging.getLogger().setLevel(logging.ERROR)  # Dagster's storage retries log warnings on the root logger
-    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    quiet_console()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

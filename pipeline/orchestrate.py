@@ -495,13 +495,10 @@ def _die_with_parent() -> None:
 def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None) -> None:  # noqa: ANN001 - multiprocessing queues
     """One worker process: run blocks of keys until there are none, every finished partition
     reported on ``results``; ``None`` last (or the error that stopped it)."""
-    _die_with_parent()
-    import logging
-    import warnings
+    from pipeline.console import quiet_console
 
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    logging.getLogger().setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
+    _die_with_parent()
+    quiet_console()
     try:
         while (block := tasks.get()) is not None:
             runs = run_partitions(block, preflight=preflight, max_per_run=max_per_run, on_result=results.put,

@@ -672,18 +672,6 @@ class Ledger:
             {"action": action, "key": partition_key, "phase": phase, "actor": actor, "reason": reason,
              "detail": Jsonb(detail or {})})
 
-    def actions(self, partition_key: str | None = None) -> list[dict[str, Any]]:
-        """The operator actions, oldest first (of one partition, or all)."""
-
-        def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
-            with conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(
-                    "SELECT action_id, at, action, partition_key, phase, actor, reason, detail FROM operator_actions"
-                    " WHERE %(key)s::text IS NULL OR partition_key = %(key)s ORDER BY action_id",
-                    {"key": partition_key}).fetchall()
-
-        return self._run(q, what="read the operator actions", single=True)
-
     # ---- leases -----------------------------------------------------------------------
     @contextlib.contextmanager
     def lease(self, partition_key: str, phase: str, *, timeout_s: float = 600.0,

@@ -26,3 +26,9 @@ def attempt_counts(ledger: Ledger) -> dict[tuple[str, str], int]:
     """(partition_key, phase) -> attempt count of the head checkpoint."""
     rows = query(ledger, "SELECT partition_key, phase, attempt FROM checkpoints WHERE superseded_at IS NULL")
     return {(r["partition_key"], r["phase"]): r["attempt"] for r in rows}
+
+
+def operator_actions(ledger: Ledger, partition_key: str) -> list[dict[str, Any]]:
+    """The operator actions recorded for a partition, oldest first."""
+    return query(ledger, "SELECT action, phase, actor, reason, detail FROM operator_actions"
+                         " WHERE partition_key = %s ORDER BY action_id", (partition_key,))

@@ -505,10 +505,9 @@ CHILDREN = {"bare": _child_bare, "pipeline": _child_pipeline, "commit": _child_c
 
 def child_main(argv: list[str]) -> int:
     """Entry point of a child: ``python -m pipeline.tools.bench --child STAGE SPEC``."""
-    import warnings
+    from pipeline.console import quiet_console
 
-    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    quiet_console()
     p = argparse.ArgumentParser(prog="pipeline.tools.bench")
     p.add_argument("--child", required=True)
     p.add_argument("spec")

@@ -34,6 +34,7 @@ from typing import Any
 
 from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
 from pipeline.tools.bench_scale import _cli
+from pipeline.tools.bench_workers import take_turns
 
 TARGET_RATIO = 1.5
 DEFAULTS = {"partitions": 20, "rows_per_partition": 500}
@@ -64,17 +65,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _published(ledger_dsn: str) -> int:
+def _published(ledger) -> int:  # noqa: ANN001 - a resources.ledger.Ledger
     """Partitions at tier 4 (published) in the ledger."""
     from assets.phases import PHASES
-    from resources.ledger import Ledger
     from resources.ledger_views import LedgerViews
 
-    ledger = Ledger(ledger_dsn)
-    try:
-        return LedgerViews(ledger).summary().by_tier.get(PHASES[-1].tier, 0)
-    finally:
-        ledger.close()
+    return LedgerViews(ledger).summary().by_tier.get(PHASES[-1].tier, 0)
 
 
 def wait_for_webserver(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float = 300) -> None:
@@ -96,8 +92,10 @@ def wait_for_webserver(url: str, proc: subprocess.Popen[bytes], *, timeout_s: fl
 def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: list[str]) -> float:
     """Start ``stormlake ui`` on a fresh home, launch the backfill, time it to the last publication."""
     from assets.phases import PHASES, table_keys
+    from resources.ledger import Ledger
 
     ledger_dsn, _ = dbs.create()
+    ledger = Ledger(ledger_dsn)  # one pool for the whole poll, not a new one every look
     env = _child_env(root / name, landing, ledger_dsn)
     port = _free_port()
     log = (root / f"{name}.log").open("wb")
@@ -113,12 +111,13 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
         res = _gql(url, LAUNCH, {"params": params})["launchPartitionBackfill"]
         if res["__typename"] != "LaunchBackfillSuccess":
             raise RuntimeError(f"launchPartitionBackfill: {res}")
-        while _published(ledger_dsn) < len(keys):
+        while _published(ledger) < len(keys):
             if time.perf_counter() - t > HANG_GUARD_S or proc.poll() is not None:
                 raise RuntimeError(f"the UI backfill did not publish all {len(keys)} partitions (see {log.name})")
             time.sleep(0.25)
         wall = time.perf_counter() - t
     finally:
+        ledger.close()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -151,16 +150,10 @@ def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, r
     landing = root / "landing"
     generate_scenario(landing, regions[:n_regions], days=days, start=settings.first_day,
                       rows_per_partition=args.rows_per_partition, seed=args.seed)
-    dbs = Databases(settings.pg_dsn, settings.pgdata)
-    turns: list[dict[str, float]] = []
-    try:
-        for r in range(1, args.repeat + 1):
-            cli = _cli_backfill(root, f"cli-{r}", landing, dbs)
-            ui = _ui_backfill(root, f"ui-{r}", landing, dbs, keys)
-            turns.append({"cli_s": round(cli, 2), "ui_s": round(ui, 2), "ratio": round(ui / cli, 3)})
-            dbs.drop_all()
-    finally:
-        dbs.drop_all()
+    turns = take_turns(settings, args.repeat, ("cli_s", "ui_s", "ratio"),
+                       lambda dbs, r: _cli_backfill(root, f"cli-{r}", landing, dbs),
+                       lambda dbs, r: _ui_backfill(root, f"ui-{r}", landing, dbs, keys),
+                       ratio=lambda cli, ui: ui / cli)
     ratio = statistics.median(t["ratio"] for t in turns)
     result = {"config": {"partitions": len(keys), "rows_per_partition": args.rows_per_partition,
                          "repeat": args.repeat},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,24 @@ def _backfill(root: Path, name: str, landing: Path, dbs: Databases, workers: int
     return wall
 
 
+def take_turns(settings, repeat: int, names: tuple[str, str, str],  # noqa: ANN001 - resources.settings.Settings
+               first: Callable[[Databases, int], float], second: Callable[[Databases, int], float],
+               ratio: Callable[[float, float], float]) -> list[dict[str, float]]:
+    """``repeat`` turns of two timed runs side by side, each on fresh scratch databases (dropped
+    after each turn): per turn both times (named ``names[0]``, ``names[1]``) and
+    ``ratio(first, second)`` (named ``names[2]``)."""
+    turns: list[dict[str, float]] = []
+    dbs = Databases(settings.pg_dsn, settings.pgdata)
+    try:
+        for r in range(1, repeat + 1):
+            a, b = first(dbs, r), second(dbs, r)
+            turns.append({names[0]: round(a, 2), names[1]: round(b, 2), names[2]: round(ratio(a, b), 3)})
+            dbs.drop_all()
+    finally:
+        dbs.drop_all()
+    return turns
+
+
 def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
     partitions, rows = args.partitions, args.rows_per_partition
     workers = max(2, settings.workers)
@@ -58,16 +77,10 @@ def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespa
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     landing, keys = _generate(root, settings, partitions, rows, args.seed)
-    dbs = Databases(settings.pg_dsn, settings.pgdata)
-    turns: list[dict[str, float]] = []
-    try:
-        for r in range(1, args.repeat + 1):
-            one = _backfill(root, f"one-{r}", landing, dbs, 1)
-            many = _backfill(root, f"many-{r}", landing, dbs, workers)
-            turns.append({"one_s": round(one, 2), "many_s": round(many, 2), "speedup": round(one / many, 3)})
-            dbs.drop_all()
-    finally:
-        dbs.drop_all()
+    turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"),
+                       lambda dbs, r: _backfill(root, f"one-{r}", landing, dbs, 1),
+                       lambda dbs, r: _backfill(root, f"many-{r}", landing, dbs, workers),
+                       ratio=lambda one, many: one / many)
     speedup = statistics.median(t["speedup"] for t in turns)
     result = {"config": {"partitions": len(keys), "rows_per_partition": rows, "workers": workers,
                          "repeat": args.repeat},

@@ -27,7 +27,7 @@ from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
 from resources.settings import load_settings
 from tests.helpers import KEY, lake, latest_version, materialize, read_table, step_outcomes, table_versions
-from tests.ledger_sql import attempt_counts, query
+from tests.ledger_sql import attempt_counts, operator_actions, query
 
 DAY, REGION = KEY.split("|")
 ALL_KEYS = [f"{d}|{r}" for d in ("2026-09-01", "2026-09-02") for r in ("gulf_coast", "pine_belt")]
@@ -617,7 +617,7 @@ def test_a_forced_rerun_from_correlate_recomputes_it_and_present_keeps_history_a
                              " ORDER BY id", (KEY, phase))
         assert [r["id"] for r in rows] == [before[phase].id, cp.id]
         assert rows[0]["superseded_at"] is not None and rows[1]["superseded_at"] is None
-    assert [(a["action"], a["phase"], a["actor"], a["reason"], a["detail"]["force_id"]) for a in ledger.actions(KEY)] == [
+    assert [(a["action"], a["phase"], a["actor"], a["reason"], a["detail"]["force_id"]) for a in operator_actions(ledger, KEY)] == [
         ("force", "correlate", "ops-on-call", "cluster threshold review", "f1")]
     # The bytes did not change: nothing was delivered again, the receipts are as they were.
     assert after["present"].summary["delivered"] == []
@@ -653,7 +653,7 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
 
     # A release re-arms it (recorded with who and why); the next run tries again.
     assert ledger.release(KEY, actor="ops-on-call", reason="upstream promised a fix") == ["ingest"]
-    actions = ledger.actions(KEY)
+    actions = operator_actions(ledger, KEY)
     assert [(a["action"], a["actor"], a["reason"], a["detail"]) for a in actions] == [
         ("release", "ops-on-call", "upstream promised a fix", {"phases": ["ingest"]})]
     assert ledger.dead_letters(limit) == []
