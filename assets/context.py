@@ -61,6 +61,9 @@ class PhaseOutput:
     figures: dict[str, Any] = field(default_factory=dict)
     artifacts: list[Artifact] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    #: Why the artifacts must wait for a person before delivery (a noisy batch, :mod:`assets.quality`);
+    #: the runner writes the tables and commits, holds the deliveries until a release.
+    hold: dict[str, Any] | None = None
 
 
 class PhaseInputs(ABC):

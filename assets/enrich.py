@@ -12,7 +12,7 @@ from assets.context import PhaseContext, PhaseOutput
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
 from assets.schemas import OUTAGES_ENRICHED
-from assets.transforms.enrich import enrich_outages
+from assets.transforms.enrich import enrich_partition
 from resources.lake import LakeResource
 from resources.landing import LandingResource
 from resources.ledger_resource import LedgerResource
@@ -24,8 +24,8 @@ def compute(ctx: PhaseContext) -> PhaseOutput:
     t = ctx.read_inputs()
     outages = t["outages_raw"]
     ctx.fault_point()
-    enriched = enrich_outages(outages, t["weather_raw"], t["customers_ref"], t["terrain_ref"],
-                              region=part.region, day=part.day)
+    enriched, coverage = enrich_partition(outages, t["weather_raw"], t["customers_ref"], t["terrain_ref"],
+                                          region=part.region, day=part.day)
     table = pa.Table.from_pandas(enriched, schema=OUTAGES_ENRICHED, preserve_index=False)
     return PhaseOutput(
         tables={"outages_enriched": table},
@@ -34,6 +34,7 @@ def compute(ctx: PhaseContext) -> PhaseOutput:
             "input_outages": len(outages),
             "cells": int(enriched["cell_id"].nunique()) if len(enriched) else 0,
             "customers_out": int(enriched["customers_out"].sum()) if len(enriched) else 0,
+            "weather": coverage,  # graded by present (assets.quality)
         },
     )
 

@@ -23,7 +23,7 @@ from assets.checks import Check
 from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
 from assets.phases import Phase
-from assets.runner import Force, Outcome, PhaseRunner
+from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.errors import StormlakeError
 from resources.keys import partition_key
@@ -149,6 +149,12 @@ def outcome_metadata(outcome: Outcome) -> dict[str, Any]:
     }
     if "quarantined" in figures:
         meta["quarantined_rows"] = int(figures["quarantined"])
+    if "quality" in figures:
+        meta["signal_quality"] = figures["quality"]["grade"]
+        meta["quality_measures"] = dg.MetadataValue.json(figures["quality"]["measures"])
+        meta["held_for_review"] = "held" in summary
+        if "held" in summary:
+            meta["held_reasons"] = dg.MetadataValue.json(summary["held"].get("reasons", []))
     return meta
 
 
@@ -202,6 +208,9 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         return
     runner, outcomes, failures = _run_step(context, phase, compute, grader, ledger=ledger, lake=lake,
                                            landing=landing, publisher=publisher)
+    if len(failures) == 1 and not outcomes and isinstance(failures[0][1], DeadLettered):
+        yield from _dead_lettered(context, phase, failures[0][1])
+        return
     if failures:
         yield from _fail_step(phase, failures)
     assert runner is not None
@@ -234,6 +243,20 @@ def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.
     yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=True,
                               description=f"{key} has not landed: no landing files yet, nothing was read or written",
                               metadata={"landed": False})
+
+
+def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase, exc: DeadLettered) -> Iterator[dg.AssetCheckResult]:
+    """The step's one result for a dead-lettered partition: skipped, its grader saying why in one line.
+
+    No attempt is made and no table is materialized, so the later phases' steps are skipped and
+    the run ends without a failure: backfills, schedule ticks, sensor requests and UI runs all
+    pass over it until ``stormlake release``.
+    """
+    line = str(exc)
+    context.log.warning(f"skipped: {line}")
+    yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=False,
+                              severity=dg.AssetCheckSeverity.WARN, description=f"skipped: {line}",
+                              metadata={"dead_lettered": True, "partition": context.partition_keys[0]})
 
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,

@@ -40,7 +40,7 @@ INGEST = Phase(
     tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"),
 )
 ENRICH = Phase(
-    name="enrich", asset="enriched_outages", tier=2, tier_label="enriched", schema_version=1, code_version="1",
+    name="enrich", asset="enriched_outages", tier=2, tier_label="enriched", schema_version=1, code_version="2",
     upstream_phases=("ingest",),
     input_tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref"),
     tables=("outages_enriched",),
@@ -52,8 +52,8 @@ CORRELATE = Phase(
     tables=("cell_hour_stats", "cell_risk", "storm_clusters"),
 )
 PRESENT = Phase(
-    name="present", asset="operational_picture", tier=4, tier_label="published", schema_version=1,
-    code_version="2", upstream_phases=("ingest", "enrich", "correlate"),
+    name="present", asset="operational_picture", tier=4, tier_label="published", schema_version=2,
+    code_version="3", upstream_phases=("ingest", "enrich", "correlate"),
     input_tables=("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"),
     tables=("region_day_summary",),
 )

@@ -12,10 +12,12 @@ from assets.checks import Check
 from assets.context import PhaseContext, PhaseOutput
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import PRESENT
+from assets.quality import Measures, Quality, grade_signal
 from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
 from resources.lake import LakeResource
 from resources.landing import LandingResource
+from resources.landing_layout import partition_file
 from resources.ledger_resource import LedgerResource
 from resources.publisher import Artifact, PublisherResource
 
@@ -27,9 +29,11 @@ def compute(ctx: PhaseContext) -> PhaseOutput:
                                                 t["storm_clusters"])
     customers = t["customers_ref"]
     quarantined = int(ctx.upstream["ingest"].summary["rows"]["quarantine"])
+    quality = signal_quality(ctx, enriched)
     ctx.fault_point()
     summary = summarize(region=part.region, day=part.day, enriched=enriched, cell_hour=cell_hour,
-                        cell_risk=cell_risk, clusters=clusters, customers=customers, quarantined_rows=quarantined)
+                        cell_risk=cell_risk, clusters=clusters, customers=customers, quarantined_rows=quarantined,
+                        signal_quality=quality.grade)
     rendered = render_artifacts(region=part.region, day=part.day, summary=summary, cell_hour=cell_hour,
                                 cell_risk=cell_risk, clusters=clusters, enriched=enriched)
     artifacts = [Artifact(part.region.region_id, part.day, kind, rendered[kind]) for kind in sorted(rendered)]
@@ -44,9 +48,29 @@ def compute(ctx: PhaseContext) -> PhaseOutput:
             "expected_clusters": int(len(clusters)),
             "backlog": int(row["backlog"]),
             "artifacts": {a.kind: a.artifact_id for a in artifacts},
+            "quality": quality.as_json(),
         },
         artifacts=artifacts,
+        hold={"quality": quality.grade, "reasons": list(quality.reasons)} if quality.held else None,
     )
+
+
+def signal_quality(ctx: PhaseContext, enriched) -> Quality:
+    """The batch's signal quality from what ingest and enrich measured (thresholds: :mod:`assets.quality`)."""
+    # the batch's own files (outages, weather): the region-wide reference files are not the batch's
+    part = ctx.partition
+    own = partition_file(part.region.region_id, part.day, "")
+    files = [f for f in ctx.upstream["ingest"].summary["figures"]["files"] if f["source_file"].startswith(own)]
+    weather = ctx.upstream["enrich"].summary["figures"]["weather"]
+    return grade_signal(Measures.of(
+        rows_read=sum(f["rows_read"] - f["rows_other_regions"] for f in files),
+        rows_quarantined=sum(f["rows_quarantined"] for f in files),
+        outages=len(enriched),
+        outages_with_reading=weather["outages_with_reading"],
+        station_hours=weather["station_hours"],
+        station_hours_observed=weather["station_hours_observed"],
+        outages_without_feeder=int(enriched["feeder_id"].isna().sum()) if len(enriched) else 0,
+    ))
 
 
 def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
@@ -63,6 +87,8 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
         yield Check("summary_json", True, "parses")
     except (KeyError, ValueError) as exc:
         yield Check("artifacts_parse", False, str(exc))
+    q = f["quality"]
+    yield Check("signal_quality", True, f"{q['grade']}: " + ("; ".join(q["reasons"]) or "every measure within the high limits"))
     html = by_kind.get("report.html")
     yield Check("report_picture", html is not None and b"data:image/png;base64," in html.data, "report has a picture")
 

@@ -27,6 +27,7 @@ from assets.context import (
 from assets.delivery import deliver
 from assets.hashing import hash_json, table_hash
 from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
+from assets.quality import HELD_LABEL
 from resources import faults
 from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake
@@ -201,7 +202,14 @@ class PhaseRunner:
             basis["targets"] = sorted(f"{t.name}:{t.ref(Artifact(part.region.region_id, part.day, 'summary.json', b''))}"
                                       for t in self.targets)
         ih = hash_json(basis)
-        if self.force is not None and self.force.covers(phase):
+        release = self._release_of(phase, part, prior, ih)
+        if release is not None:
+            # An operator released the held head: present computes again on the same inputs and
+            # this time delivers; the natural hash is kept so later runs find the result current.
+            basis["natural_input_hash"] = ih
+            basis["released"] = release
+            ih = hash_json({**basis, "released": release["action_id"]})
+        elif self.force is not None and self.force.covers(phase):
             # A forced re-run: a hash of its own (the run's), so the head is superseded and the
             # phase computed again; the natural hash is kept to recognise the result later.
             basis["natural_input_hash"] = ih
@@ -211,6 +219,13 @@ class PhaseRunner:
         if stamps:
             basis["stamps"] = stamps  # recorded by ingest, not hashed
         return ih, basis
+
+    def _release_of(self, phase: Phase, part: PartitionRef, prior: Checkpoint | None, ih: str) -> dict[str, Any] | None:
+        """The operator's release of ``prior``, when it is a held head on these very inputs."""
+        if (prior is None or prior.status != "COMPLETED" or prior.input_hash != ih
+                or not (prior.summary or {}).get("held")):
+            return None
+        return self.ledger.release_of(part.key, phase.name, prior.input_hash)
 
     def _would_skip(self, phase: Phase, part: PartitionRef, heads: dict[str, Checkpoint]) -> bool:
         """Whether ``phase`` would skip given the partition's head checkpoints (as :meth:`run` decides)."""
@@ -374,7 +389,8 @@ class PhaseRunner:
             versions[table] = int(res["version"])
             written[table] = bool(res["written"]) and not res.get("replayed", False)
             faults.check("after_delta_commit", phase=phase.name, partition_key=part.key)
-        delivered, receipts = deliver(ctx, self.targets, out.artifacts)
+        hold = out.hold if "released" not in basis else None
+        delivered, receipts = ([], 0) if hold else deliver(ctx, self.targets, out.artifacts)
         state_hash = hash_json({"tables": hashes, "artifacts": sorted(a.artifact_id for a in out.artifacts)})
         summary = {
             "rows": rows,
@@ -392,11 +408,20 @@ class PhaseRunner:
             summary["input_files"] = basis["files"]
             summary["input_stamps"] = basis["stamps"]
         if "natural_input_hash" in basis:
-            assert self.force is not None
             summary["natural_input_hash"] = basis["natural_input_hash"]
+        if "released" in basis:
+            summary["released"] = basis["released"]
+        elif "natural_input_hash" in basis:
+            assert self.force is not None
             summary["forced"] = {"from": self.force.from_phase, "by": self.force.by, "reason": self.force.reason,
                                  "id": self.force.id, "run_id": self.run_id}
-        cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=phase.tier,
-                                  tier_label=phase.tier_label, run_id=self.run_id)
-        self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]})")
+        tier, label = phase.tier, phase.tier_label
+        if hold:
+            # Written and committed, delivered to nobody: the partition stays a tier below, held.
+            summary["held"] = hold
+            tier, label = phase.tier - 1, HELD_LABEL
+        cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=tier,
+                                  tier_label=label, run_id=self.run_id)
+        held = f", held for review: {hold['quality']}" if hold else ""
+        self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]}{held})")
         return Outcome(phase.name, part.key, "COMPLETED", cp, tuple(delivered), tuple(checks))

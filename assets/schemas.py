@@ -162,6 +162,7 @@ REGION_DAY_SUMMARY = _schema(
     ("quarantined_rows", pa.int64(), False),
     ("max_risk", pa.float64()),
     ("top_feeders", pa.string(), False),  # JSON list of {feeder_id, outages, customers_out}
+    ("signal_quality", pa.string(), False),  # high | medium | low | noisy (assets.quality)
 )
 
 #: table name -> its Arrow schema. Which phase writes a table is declared once, by the phase

@@ -92,6 +92,9 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--regions must be between 1 and {len(regions)} (the region file's length)")
     if args.days < 1 or args.rows_per_partition < 1:
         raise ConfigError("--days and --rows-per-partition must be at least 1")
+    noisy = getattr(args, "noisy", 0.0)
+    if not 0.0 <= noisy <= 1.0:
+        raise ConfigError(f"--noisy {noisy}: a share of partitions, between 0 and 1")
     start = args.start or settings.first_day
     _days(start, settings.first_day)
     total = args.regions * args.days
@@ -102,7 +105,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
     t = time.monotonic()
     generate_scenario(settings.landing, regions[: args.regions], days=args.days, start=start,
-                      rows_per_partition=args.rows_per_partition, seed=args.seed, progress=progress)
+                      rows_per_partition=args.rows_per_partition, seed=args.seed, noisy=noisy,
+                      progress=progress)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"wrote {total} partitions ({args.regions} regions x {args.days} days, "
@@ -206,7 +210,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
     ledger = _reading_ledger(settings)
     if args.json:
-        write_json(ledger, sys.stdout, flt)
+        write_json(ledger, sys.stdout, flt, dead_letter_after=settings.dead_letter_after)
     else:
         for line in render_table(ledger, flt, filtered=filtered):
             print(line)
@@ -231,22 +235,43 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file)")
     if not (args.reason or "").strip():
         raise ConfigError("release needs --reason TEXT: the ledger records why")
-    phases = _reading_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
-    if phases:
-        print(f"released {args.key}: {', '.join(phases)} will be tried again by the next run")
-    else:
-        print(f"{args.key} had no dead-lettered or failed phase; the release is recorded")
-    return 0
+    release = _reading_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
+    if release.phases:
+        print(f"released {args.key}: {', '.join(release.phases)} will be tried again by the next run")
+    if release.held_phase is None:
+        if not release.phases:
+            print(f"{args.key} had no dead-lettered, failed or held phase; the release is recorded")
+        return 0
+    # A held batch: deliver it now, exactly once, through the same run as a backfill of the key.
+    runs = _run(settings, [args.key], 1, None)
+    delivered = sum(len(r.delivered) for r in runs)
+    failed = [r for r in runs if not r.ok]
+    for r in failed:
+        print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+    if not failed:
+        print(f"released {args.key}: {release.held_phase} delivered {delivered} artifacts")
+    return 1 if failed else 0
 
 
 def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
     """What waits for a person: the dead-lettered phases, each with its last error and what to run."""
-    dead = _reading_ledger(settings).dead_letters(settings.dead_letter_after)
-    if not dead:
-        print(f"nothing waits for review (no phase failed {settings.dead_letter_after} times on the same inputs)")
+    ledger = _reading_ledger(settings)
+    dead, held = ledger.dead_letters(settings.dead_letter_after), ledger.held()
+    if not dead and not held:
+        print(f"nothing waits for review (no batch held, no phase failed {settings.dead_letter_after} times"
+              " on the same inputs)")
         return 0
-    print(f"{len(dead)} dead-lettered (failed {settings.dead_letter_after}+ times on the same inputs; "
-          "backfills, schedules and sensors skip them):")
+    if held:
+        print(f"{len(held)} held for review (graded noisy: tables written, nothing delivered):")
+    for cp in held:
+        hold = (cp.summary or {}).get("held") or {}
+        print(f"  {cp.partition_key:<28} {cp.phase:<9} {hold.get('quality', '?')}: "
+              f"{'; '.join(hold.get('reasons') or [])}")
+        print(f"    next: check the batch's landing files; to publish it as it is: "
+              f"stormlake release {cp.partition_key} --reason TEXT")
+    if dead:
+        print(f"{len(dead)} dead-lettered (failed {settings.dead_letter_after}+ times on the same inputs; "
+              "backfills, schedules and sensors skip them):")
     for cp in dead:
         error = (cp.error_message or "").splitlines()[0] if cp.error_message else ""
         print(f"  {cp.partition_key:<28} {cp.phase:<9} {cp.failures} failures  last: {cp.error_class}: {error}")
@@ -287,7 +312,7 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.report import write_report
 
     out = Path(args.out) if args.out else settings.home / "report.html"
-    write_report(_reading_ledger(settings), out)
+    write_report(_reading_ledger(settings), out, dead_letter_after=settings.dead_letter_after)
     print(f"wrote {out}")
     return 0
 
@@ -421,6 +446,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--start", default=None, help="first day, YYYY-MM-DD (default STORMLAKE_FIRST_DAY)")
     g.add_argument("--rows-per-partition", type=int, default=SAMPLE["rows_per_partition"])
     g.add_argument("--seed", type=int, default=SAMPLE["seed"])
+    g.add_argument("--noisy", type=float, default=0.0, metavar="SHARE",
+                   help="the share of partitions made noisy (many bad rows, station-hours missing): "
+                        "present grades them noisy and holds them for review; listed in _truth/scenario.json")
     g.set_defaults(fn=cmd_generate)
 
 
@@ -474,9 +502,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_operations(sub: argparse._SubParsersAction) -> None:
-    rv = sub.add_parser("review", help="what waits for a person: the dead-lettered phases and what to run")
+    rv = sub.add_parser("review", help="what waits for a person: held batches and dead-lettered phases, and what to run")
     rv.set_defaults(fn=cmd_review)
-    rl = sub.add_parser("release", help="re-arm a dead-lettered partition (recorded with who and why)")
+    rl = sub.add_parser("release", help="re-arm a dead-lettered partition or deliver a held one (recorded with who and why)")
     rl.add_argument("key", metavar="KEY", help="the partition key, YYYY-MM-DD|region_id")
     rl.add_argument("--reason", required=True, help="why it is released (recorded in the ledger)")
     rl.set_defaults(fn=cmd_release)

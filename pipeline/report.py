@@ -1,9 +1,10 @@
 """`stormlake report`: one self-contained HTML page on where every batch stands.
 
 The page is built from the ledger only (checkpoints, their events and the receipts): a headline,
-a heat map of days x regions coloured by tier with failures marked, a picture of where batches
-stall and where the time goes per phase, a table of the partitions that need attention and a
-table of deliveries. Nothing on the page is fetched at view time: the CSS is inline and the
+a heat map of days x regions coloured by tier with failures marked, a map of days x regions
+coloured by signal quality, a picture of where batches stall and where the time goes per phase,
+what waits for a person (held batches, dead letters), a table of the partitions that need
+attention and a table of deliveries. Nothing on the page is fetched at view time: the CSS is inline and the
 pictures are PNGs in ``data:`` URIs, drawn with matplotlib's object API on the Agg canvas (no
 pyplot global state, so it is safe inside a Dagster process or a thread).
 """
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from assets.phases import PHASES, TIER_LABELS
+from assets.quality import GRADES
 from assets.transforms.pages import page_environment
 from assets.transforms.render import figure_png_matplotlib, new_figure
 from pipeline.status import views
 from resources.files import write_atomic
-from resources.ledger import Ledger
+from resources.ledger import Checkpoint, Ledger
 from resources.ledger_views import (
     AttentionRow,
     EventRow,
@@ -43,6 +45,8 @@ STATUS_COLORS = {"COMPLETED": "#41ab5d", "PENDING": "#f4a331", "FAILED": "#d7191
 FAILED_RED = "#d7191c"
 PENDING_ORANGE = "#e66101"
 MAX_ATTENTION_ROWS = 500
+MAX_REVIEW_ROWS = 200  # held batches and dead letters listed (the count says how many in all)
+QUALITY_COLORS = {"high": "#1b7837", "medium": "#a6dba0", "low": "#fdb863", "noisy": "#d7191c"}
 WEEK_COLUMNS_AFTER = 120  # days on the heat map's axis beyond which its columns are weeks
 MAX_REVISION_ROWS = 40
 MAX_EVENT_ROWS = 25
@@ -69,6 +73,9 @@ class ReportData:
     revisions: list[ReceiptRow]
     recent_events: list[EventRow]
     last_delivery_at: dt.datetime | None
+    held: list[Checkpoint]  # present heads held for review
+    dead_letters: list[Checkpoint]
+    dead_letter_after: int
 
     @property
     def last_activity(self) -> dt.datetime | None:
@@ -91,7 +98,7 @@ def _region_names() -> dict[str, str]:
         return {}
 
 
-def collect(ledger: Ledger) -> ReportData:
+def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
     """Everything the page shows, read from the ledger's views (a dozen aggregate queries)."""
     v = views(ledger)
     total, attention = v.attention(MAX_ATTENTION_ROWS)
@@ -110,6 +117,9 @@ def collect(ledger: Ledger) -> ReportData:
         revisions=v.latest_receipts(MAX_REVISION_ROWS),
         recent_events=v.recent_events(MAX_EVENT_ROWS),
         last_delivery_at=v.last_delivery_at(),
+        held=ledger.held(),
+        dead_letters=ledger.dead_letters(dead_letter_after),
+        dead_letter_after=dead_letter_after,
     )
 
 
@@ -268,6 +278,56 @@ def heatmap_png(data: ReportData) -> bytes:
     _draw_cells(ax, g, width, height)
     _label_axes(ax, g, width, height)
     _heat_legend(fig)
+    return figure_png_matplotlib(canvas)
+
+
+def quality_grid(data: ReportData) -> HeatGrid:
+    """The quality map's cells: the worst grade per (region, column) as its index in GRADES, -1 where
+    no partition of the cell has been graded (present has not run)."""
+    import numpy as np
+
+    columns, dx, unit = _columns({c.day for c in data.grid})
+    regions = _region_axis({c.region for c in data.grid}, data.region_names)
+    ry = {r: i for i, r in enumerate(regions)}
+    grades = np.full((len(regions), len(columns)), -1.0)
+    graded = [c for c in data.grid if c.quality in GRADES]
+    if graded:
+        ys = np.fromiter((ry[c.region] for c in graded), dtype=np.int64, count=len(graded))
+        xs = np.fromiter((dx[c.day] for c in graded), dtype=np.int64, count=len(graded))
+        np.maximum.at(grades, (ys, xs), np.fromiter((GRADES.index(c.quality) for c in graded), dtype=float,
+                                                    count=len(graded)))
+    none = np.zeros(grades.shape, dtype=bool)
+    return HeatGrid(columns, unit, regions, grades, none, none)
+
+
+def quality_png(data: ReportData) -> bytes:
+    """Days (x) by regions (y), each cell coloured by the batch's signal quality (worst of a week
+    when the columns are weeks); a noisy batch is held for review."""
+    import numpy as np
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch
+
+    g = quality_grid(data)
+    nr, nd = g.tiers.shape
+    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
+    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
+    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
+    ax = fig.add_subplot()
+    cmap = ListedColormap([QUALITY_COLORS[q] for q in GRADES])
+    cmap.set_bad((0, 0, 0, 0))
+    ax.patch.set_facecolor("white")
+    ax.patch.set_hatch("////")
+    ax.patch.set_edgecolor("#d0d0d0")
+    ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=BoundaryNorm([i - 0.5 for i in range(len(GRADES) + 1)],
+              cmap.N), aspect="auto", interpolation="nearest", origin="upper")
+    _label_axes(ax, g, width, height)
+    ax.set_title("Signal quality per (day, region)" if g.unit == "day" else
+                 "Signal quality: worst grade of each week, per region", loc="left", fontsize=11)
+    handles = [Patch(facecolor=QUALITY_COLORS[q], edgecolor="#999", label=q + (" (held)" if q == "noisy" else ""))
+               for q in GRADES]
+    handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", hatch="////", label="not graded yet"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="quality",
+               title_fontsize=9, alignment="left")
     return figure_png_matplotlib(canvas)
 
 
@@ -444,24 +504,26 @@ def render_page(data: ReportData, images: dict[str, bytes]) -> str:
         regions=[per_region[r] for r in _region_axis(set(per_region), data.region_names)],
         region_names=data.region_names, tiers=range(LAST_TIER + 1), last_tier=LAST_TIER,
         tier_labels=TIER_LABELS, tier_colors=TIER_COLORS, tier_text=TIER_TEXT,
-        week_columns_after=WEEK_COLUMNS_AFTER,
+        week_columns_after=WEEK_COLUMNS_AFTER, grades=GRADES, review_rows=MAX_REVIEW_ROWS,
     )
 
 
-def render_report_with_images(ledger: Ledger) -> tuple[str, dict[str, bytes]]:
+def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = 3) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
-    data = collect(ledger)
+    data = collect(ledger, dead_letter_after=dead_letter_after)
     images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)} if data.summary.partitions else {}
+    if data.summary.by_quality:
+        images["quality.png"] = quality_png(data)
     return render_page(data, images), images
 
 
-def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None) -> None:
+def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None, dead_letter_after: int = 3) -> None:
     """Write the report page to ``out`` atomically (temporary file in the same folder, then rename).
 
     With ``images_dir`` the pictures are also written there as PNG files (the page never needs them).
     """
     out = Path(out)
-    page, images = render_report_with_images(ledger)
+    page, images = render_report_with_images(ledger, dead_letter_after=dead_letter_after)
     write_atomic(out, page, durable=True)
     if images_dir is not None:
         images_dir = Path(images_dir)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from assets.phases import PHASES, TIER_LABELS
+from assets.quality import GRADES, HELD_LABEL
 from resources.ledger import Ledger
 from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter
 
@@ -36,15 +37,24 @@ def views(ledger: Ledger) -> LedgerViews:
     return LedgerViews(ledger)
 
 
-def as_entry(row: PartitionRow) -> dict[str, Any]:
-    """One partition in the contract's shape."""
+def tier_label(row: PartitionRow) -> str:
+    """The partition's tier label; a batch held for review says so."""
+    return HELD_LABEL if row.held and row.tier == LAST_TIER - 1 else TIER_LABELS[row.tier]
+
+
+def as_entry(row: PartitionRow, *, dead_letter_after: int = 3) -> dict[str, Any]:
+    """One partition in the contract's shape, plus its signal quality, whether it is held and its
+    dead-lettered phases (as ``status --json`` gives them)."""
     return {
         "region": row.region,
         "day": row.day,
         "tier": row.tier,
-        "tier_label": TIER_LABELS[row.tier],
+        "tier_label": tier_label(row),
         "phases": {p.name: row.phases[p.name] for p in PHASES if p.name in row.phases},
         "deliveries": row.deliveries,
+        "signal_quality": row.signal_quality,
+        "held": row.held,
+        "dead_lettered": sorted(name for name, e in row.phases.items() if e.get("failures", 0) >= dead_letter_after),
     }
 
 
@@ -53,11 +63,11 @@ def partition_status(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS) -> list
     return [as_entry(row) for row in views(ledger).partitions(flt)]
 
 
-def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS) -> int:
+def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS, *, dead_letter_after: int = 3) -> int:
     """Stream ``{"partitions": [...]}`` to ``out``; returns how many partitions were written."""
     n = 0
     out.write('{"partitions": [')
-    for text in views(ledger).stream_status_json(flt):
+    for text in views(ledger).stream_status_json(flt, dead_letter_after=dead_letter_after):
         out.write(",\n" if n else "\n")
         out.write(text)
         n += 1
@@ -76,12 +86,13 @@ def _row_line(p: PartitionRow) -> str:
             cells.append(f"{short + (' x' + str(e['attempts']) if e['attempts'] > 1 else ''):<11}")
     delivered = sum(d["status"] == "DELIVERED" for d in p.deliveries)
     pending = sum(d["status"] == "PENDING" for d in p.deliveries)
-    return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + TIER_LABELS[p.tier]:<14} "
-            + " ".join(cells) + f" {delivered}" + (f" (+{pending} pending)" if pending else ""))
+    return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + tier_label(p):<18} "
+            + " ".join(cells) + f" {p.signal_quality or '-':<8} {delivered}" + (f" (+{pending} pending)" if pending else ""))
 
 
 def _header() -> list[str]:
-    head = f"{'day':<10}  {'region':<16} {'tier':<14} " + " ".join(f"{p.name:<11}" for p in PHASES) + " delivered"
+    head = (f"{'day':<10}  {'region':<16} {'tier':<18} " + " ".join(f"{p.name:<11}" for p in PHASES)
+            + f" {'quality':<8} delivered")
     return [head, "-" * len(head)]
 
 
@@ -94,7 +105,8 @@ def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered
         yield ("no partitions match the filters" if filtered else
                "no partitions in the ledger yet (run `stormlake demo` or `stormlake backfill`)")
         return
-    total_line = f"{summary.partitions} partitions; {summary.by_tier[LAST_TIER]} published"
+    total_line = f"{summary.partitions} partitions; {summary.by_tier[LAST_TIER]} published" + (
+        f"; {summary.held} held for review (stormlake review)" if summary.held else "")
     if filtered or summary.partitions <= FULL_TABLE_MAX:
         limit = flt.limit if flt.limit is not None else (TABLE_LIMIT if filtered else None)
         rows = v.partitions(StatusFilter(regions=flt.regions, days=flt.days, tier=flt.tier, failed=flt.failed,
@@ -107,7 +119,10 @@ def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered
         return
     yield "partitions by tier: " + ", ".join(
         f"{t} {TIER_LABELS[t]} {summary.by_tier[t]}" for t in range(LAST_TIER + 1))
-    yield (f"with a FAILED phase: {summary.with_failure}; with a PENDING phase: {summary.with_pending}")
+    yield (f"with a FAILED phase: {summary.with_failure}; with a PENDING phase: {summary.with_pending}; "
+           f"held for review: {summary.held}")
+    if summary.by_quality:
+        yield "signal quality: " + ", ".join(f"{g} {summary.by_quality.get(g, 0)}" for g in GRADES)
     n_attention, attention = v.attention(ATTENTION_ROWS, flt)
     if n_attention:
         yield ""

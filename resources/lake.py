@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from resources.errors import LakeError
@@ -202,7 +202,27 @@ class Lake:
                 if attempt == CREATE_TRIES - 1:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
                 time.sleep(0.1 * (attempt + 1))
+        self._add_new_columns(table)
         self.cache.known_tables.add(uri)
+
+    def _add_new_columns(self, table: str) -> None:
+        """Add the columns a newer schema version of ``table`` has and the stored table lacks.
+
+        Added as nullable (Delta cannot add a required column to rows already written); the rows
+        of older partitions read them as null, and a phase at the new schema version writes them.
+        A column added concurrently by another process is fine.
+        """
+        dt = DeltaTable(self.uri(table))
+        have = {f.name for f in dt.schema().fields}
+        new = [f.with_nullable(True) for f in self.schemas[table] if f.name not in have]
+        if not new:
+            return
+        try:
+            dt.alter.add_columns([Field.from_arrow(f) for f in new])
+        except (CommitFailedError, DeltaError) as exc:
+            dt = DeltaTable(self.uri(table))
+            if not {f.name for f in new} <= {f.name for f in dt.schema().fields}:
+                raise LakeError(f"cannot add the columns {', '.join(f.name for f in new)} to {table}: {exc}") from exc
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
@@ -252,7 +272,7 @@ class Lake:
         if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
             files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
             parts = [_with_partition(pq.ParquetFile(f).read(use_threads=threads), region_id, day) for f in files]
-            return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts]) if parts else schema.empty_table()
+            return pa.concat_tables([_conformed(p, schema) for p in parts]) if parts else schema.empty_table()
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
 
@@ -347,6 +367,15 @@ class Lake:
 
 # Reader features under which a data file alone does not give the rows (or their names).
 _UNHANDLED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping"})
+
+
+def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``data`` in ``schema``'s columns and types; a column added by a later schema version, which a
+    file written before it lacks, reads as null."""
+    missing = [f for f in schema if f.name not in data.column_names]
+    for f in missing:
+        data = data.append_column(f.with_nullable(True), pa.nulls(data.num_rows, f.type))
+    return data.select(schema.names).cast(pa.schema([f.with_nullable(True) if f in missing else f for f in schema]))
 
 
 def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:

@@ -196,6 +196,15 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Release:
+    """What one ``stormlake release`` re-armed: dead-lettered phases, and the phase it unheld."""
+
+    partition_key: str
+    phases: list[str]
+    held_phase: str | None
+
+
+@dataclass(frozen=True)
 class Decision:
     """What the ledger says about a phase before work: skip it, or claim it."""
 
@@ -641,20 +650,54 @@ class Ledger:
 
         return self._run(q, what="read the dead letters", single=True)
 
-    def release(self, partition_key: str, *, actor: str, reason: str) -> list[str]:
-        """Re-arm the dead-lettered phases of a partition (their failure count back to 0), as
-        one operator action recorded with who and why; returns the phases released."""
+    def release(self, partition_key: str, *, actor: str, reason: str) -> Release:
+        """Release what of a partition waits for a person, as one operator action recorded with
+        who and why: its dead-lettered phases (their failure count back to 0) and its held head
+        (the next run of that phase delivers, :meth:`release_of`)."""
 
-        def txn(conn: psycopg.Connection) -> list[str]:
-            phases = [r[0] for r in conn.execute(
+        def txn(conn: psycopg.Connection) -> Release:
+            phases = sorted(r[0] for r in conn.execute(
                 "UPDATE checkpoints SET failures = 0, updated_at = now() WHERE partition_key = %(key)s"
                 " AND superseded_at IS NULL AND status = 'FAILED' AND failures > 0 RETURNING phase",
-                {"key": partition_key})]
-            self.record_action_txn(conn, "release", partition_key, actor=actor, reason=reason,
-                                   detail={"phases": sorted(phases)})
-            return sorted(phases)
+                {"key": partition_key}))
+            held = conn.execute(
+                "SELECT phase, input_hash, summary->'held' FROM checkpoints WHERE partition_key = %(key)s"
+                " AND superseded_at IS NULL AND status = 'COMPLETED' AND summary ? 'held'",
+                {"key": partition_key}).fetchone()
+            detail: dict[str, Any] = {"phases": phases}
+            if held is not None:
+                detail["held"] = {"phase": held[0], "input_hash": held[1], **(held[2] or {})}
+            self.record_action_txn(conn, "release", partition_key, actor=actor, reason=reason, detail=detail,
+                                   phase=held[0] if held is not None else None)
+            return Release(partition_key, phases, held[0] if held is not None else None)
 
         return self._run(txn, what=f"release {partition_key}")
+
+    def release_of(self, partition_key: str, phase: str, input_hash: str) -> dict[str, Any] | None:
+        """The latest release of the held ``phase`` head with ``input_hash``: action id, who, why, when."""
+
+        def q(conn: psycopg.Connection) -> dict[str, Any] | None:
+            row = conn.execute(
+                "SELECT action_id, actor, reason, at FROM operator_actions WHERE partition_key = %(key)s"
+                " AND action = 'release' AND phase = %(phase)s AND detail->'held'->>'input_hash' = %(ih)s"
+                " ORDER BY action_id DESC LIMIT 1", {"key": partition_key, "phase": phase, "ih": input_hash},
+            ).fetchone()
+            if row is None:
+                return None
+            return {"action_id": int(row[0]), "by": row[1], "reason": row[2], "at": row[3].isoformat()}
+
+        return self._run(q, what=f"read the releases of {partition_key}", single=True)
+
+    def held(self) -> list[Checkpoint]:
+        """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first."""
+
+        def q(conn: psycopg.Connection) -> list[Checkpoint]:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                return cur.execute(
+                    "SELECT * FROM checkpoints WHERE superseded_at IS NULL AND status = 'COMPLETED'"
+                    " AND summary ? 'held' ORDER BY day, region_id, phase").fetchall()
+
+        return self._run(q, what="read the held batches", single=True)
 
     def record_action(self, action: str, partition_key: str, *, actor: str, reason: str, phase: str | None = None,
                       detail: dict[str, Any] | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -60,6 +60,8 @@ class PartitionRow:
     pending: bool
     phases: dict[str, dict[str, Any]]
     deliveries: list[dict[str, Any]]
+    held: bool = False  # present held its deliveries for review (a noisy batch)
+    signal_quality: str | None = None  # present's grade, None before present ran
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class StatusSummary:
     by_tier: dict[int, int]
     with_failure: int
     with_pending: int
+    held: int = 0
+    by_quality: dict[str, int] = field(default_factory=dict)  # grade -> partitions graded so
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class GridCell:
     tier: int
     failed: bool
     pending: bool
+    quality: str | None = None  # present's signal quality, None before present ran
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class PhaseDurations:
     max: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RegionCounts(StatusSummary):
     """The summary of one region's partitions."""
 
@@ -196,20 +201,28 @@ class LedgerViews:
     def partitions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[PartitionRow]:
         """The selected partitions, in (day, region) order."""
         query = sql.SQL("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.failed, s.pending, s.phases,"
-                        " s.deliveries FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
+                        " s.deliveries, s.held, s.signal_quality"
+                        " FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
             self._where(flt), self._limit(flt))
         return self._rows(query, PartitionRow, "read the partitions' status")
 
-    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS) -> Iterator[str]:
+    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *, dead_letter_after: int = 3) -> Iterator[str]:
         """Each selected partition as the contract's JSON object (text made by the server), in order.
+
+        Beyond the contract's keys: ``signal_quality`` (null before present ran), ``held``, and
+        ``dead_lettered``, the phases that failed ``dead_letter_after`` times on their inputs.
 
         A server-side cursor hands them over a batch at a time, so a dump of every partition of a
         year starts at once and holds one batch in memory. The caller must exhaust the iterator.
         """
         query = sql.SQL("SELECT jsonb_build_object('region', s.region_id, 'day', s.day, 'tier', s.tier,"
-                        " 'tier_label', s.tier_label, 'phases', s.phases, 'deliveries', s.deliveries)::text"
+                        " 'tier_label', s.tier_label, 'phases', s.phases, 'deliveries', s.deliveries,"
+                        " 'signal_quality', s.signal_quality, 'held', s.held, 'dead_lettered',"
+                        " CASE WHEN s.failed THEN coalesce((SELECT jsonb_agg(e.key ORDER BY e.key)"
+                        "  FROM jsonb_each(s.phases) e WHERE (e.value->>'failures')::int >= {}), '[]')"
+                        " ELSE '[]' END)::text"
                         " FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
-            self._where(flt), self._limit(flt))
+            sql.Literal(int(dead_letter_after)), self._where(flt), self._limit(flt))
         with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
             cur.itersize = STREAM_BATCH
             cur.execute(query)
@@ -217,24 +230,28 @@ class LedgerViews:
                 yield text
 
     def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:
-        query = sql.SQL("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending)"
-                        " FROM partition_state s WHERE {} GROUP BY s.tier").format(self._where(flt))
+        query = sql.SQL("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending),"
+                        " count(*) FILTER (WHERE s.held) FROM partition_state s WHERE {} GROUP BY s.tier").format(
+            self._where(flt))
+        quality = sql.SQL("SELECT s.signal_quality, count(*) FROM partition_state s"
+                          " WHERE {} AND s.signal_quality IS NOT NULL GROUP BY s.signal_quality").format(self._where(flt))
 
-        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
+        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
-            return int(last), conn.execute(query).fetchall()
+            return int(last), conn.execute(query).fetchall(), conn.execute(quality).fetchall()
 
-        last, rows = self.ledger.read(q, what="summarize the partitions")
+        last, rows, grades = self.ledger.read(q, what="summarize the partitions")
         by_tier = dict.fromkeys(range(last + 1), 0)
-        for tier, n, _, _ in rows:
+        for tier, n, *_ in rows:
             by_tier[int(tier)] = int(n)
         return StatusSummary(partitions=sum(int(r[1]) for r in rows), by_tier=by_tier,
-                             with_failure=sum(int(r[2]) for r in rows), with_pending=sum(int(r[3]) for r in rows))
+                             with_failure=sum(int(r[2]) for r in rows), with_pending=sum(int(r[3]) for r in rows),
+                             held=sum(int(r[4]) for r in rows), by_quality={g: int(n) for g, n in grades})
 
     def grid(self, flt: StatusFilter = ALL_PARTITIONS) -> list[GridCell]:
         """(region, day, tier, failed, pending) of every selected partition, for the heat map."""
-        query = sql.SQL("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending FROM partition_state s"
-                        " WHERE {}").format(self._where(flt))
+        query = sql.SQL("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending,"
+                        " s.signal_quality AS quality FROM partition_state s WHERE {}").format(self._where(flt))
         return self._rows(query, GridCell, "read the partition grid")
 
     def regions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[RegionCounts]:

@@ -48,6 +48,11 @@ class StationGrid:
     def empty(self) -> bool:
         return len(self.station_ids) == 0
 
+    @property
+    def observed(self) -> np.ndarray:
+        """``(stations, 24)``: whether the station reported in that hour (rain is never null in a reading)."""
+        return ~np.isnan(self.rain_obs)
+
 
 def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     """A zero-row frame whose dtypes round-trip through ``pa.Table.from_pandas(..., schema=schema)``."""
@@ -158,17 +163,31 @@ def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
 
 def enrich_outages(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,
                    *, region: Region, day: str) -> pd.DataFrame:
-    """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED.
+    """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED (see :func:`enrich_partition`)."""
+    return enrich_partition(outages, weather, customers, terrain, region=region, day=day)[0]
+
+
+def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,
+                     *, region: Region, day: str) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED, and measure
+    its weather coverage.
 
     Returns:
         A frame with exactly the columns of ``OUTAGES_ENRICHED`` in order, sorted by ``event_id``.
         ``gust_ms``/``rain_mm`` are the nearest station's (to the cell centre) values in the
         outage's hour, or of that station's nearest observed hour when the hour is missing; null
         when the partition has no weather.  ``restoration_min`` is null while not restored.
+
+        And the weather coverage the batch's signal quality is graded on (:mod:`assets.quality`):
+        ``outages_with_reading`` (the nearest station reported in the outage's own hour),
+        ``station_hours`` (stations seen that day x 24) and ``station_hours_observed``.
     """
     names = OUTAGES_ENRICHED.names
+    grid = station_hour_grid(weather, day)
+    coverage = {"outages_with_reading": 0, "station_hours": int(grid.observed.size),
+                "station_hours_observed": int(grid.observed.sum())}
     if len(outages) == 0:
-        return empty_frame(OUTAGES_ENRICHED)
+        return empty_frame(OUTAGES_ENRICHED), coverage
     order = pc.sort_indices(pa.array(outages["event_id"].astype(object).to_numpy(), pa.string())).to_numpy()
     o = outages.iloc[order]
     lat, lon = o["lat"].to_numpy(float), o["lon"].to_numpy(float)
@@ -183,13 +202,13 @@ def enrich_outages(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.D
     cell_cust = feeders["cell_customers"].fillna(0).to_numpy().astype(np.int64)
     terr = terrain_table(terrain).reindex(cells)
 
-    grid = station_hour_grid(weather, day)
     if grid.empty:
         gust = rain = np.full(len(o), np.nan)
     else:
         clat, clon = cell_centres(cells)
         st = nearest_station(clat, clon, grid)[inv]
         gust, rain = grid.gust[st, hour], grid.rain[st, hour]
+        coverage["outages_with_reading"] = int(grid.observed[st, hour].sum())
 
     cell_flood = pd.array([None if pd.isna(v) else bool(v) for v in terr["flood_zone"]], dtype="boolean")
     out = pd.DataFrame({
@@ -214,4 +233,4 @@ def enrich_outages(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.D
         "rain_mm": rain,
         "restoration_min": (restored - reported).dt.total_seconds().to_numpy() / 60.0,
     })
-    return out[names]
+    return out[names], coverage

@@ -159,6 +159,7 @@ def summarize(
     clusters: pd.DataFrame,
     customers: pd.DataFrame,
     quarantined_rows: int,
+    signal_quality: str,
 ) -> pd.DataFrame:
     """Compute the partition's ``REGION_DAY_SUMMARY`` row (definitions in the module docstring).
 
@@ -171,6 +172,7 @@ def summarize(
         clusters: Rows of ``STORM_CLUSTERS``.
         customers: Rows of ``CUSTOMERS_REF`` (the reference snapshot the partition used).
         quarantined_rows: Rows ingest quarantined for the partition.
+        signal_quality: The batch's grade (:func:`assets.quality.grade`).
 
     Returns:
         One row with exactly the columns of ``REGION_DAY_SUMMARY`` in order, convertible with
@@ -194,6 +196,7 @@ def summarize(
         "quarantined_rows": int(quarantined_rows),
         "max_risk": _max(cell_risk["risk"]),
         "top_feeders": json.dumps(_top_feeders(enriched), sort_keys=True, separators=(",", ":")),
+        "signal_quality": signal_quality,
     }
     return _summary_frame(row)
 
@@ -296,7 +299,10 @@ def _figures(summary: pd.DataFrame) -> dict[str, Any]:
         if f.name in ("region_id", "day", "top_feeders"):
             continue
         v = rec[f.name]
-        out[f.name] = _opt_int(v) if pa.types.is_integer(f.type) else _rnd(v)
+        if pa.types.is_string(f.type):
+            out[f.name] = str(v)
+        else:
+            out[f.name] = _opt_int(v) if pa.types.is_integer(f.type) else _rnd(v)
     return out
 
 

@@ -252,7 +252,8 @@ def _regions_by_id() -> dict[str, Any]:
 # ---- (a) bare: the phases' compute functions in a plain loop ---------------------------------
 @dataclass(frozen=True)
 class BareCheckpoint:
-    """What a later phase reads of an earlier one's checkpoint: ``summary["rows"]``, rows per table."""
+    """What a later phase reads of an earlier one's checkpoint: ``summary["rows"]`` (rows per table)
+    and ``summary["figures"]`` (what the phase measured)."""
 
     summary: dict[str, Any]
 
@@ -321,7 +322,8 @@ class BareLoop:
                 written[table] = self.write(table, out.tables[table], part)
             for artifact in out.artifacts:
                 self.target.deliver(artifact, supersedes=None)
-            upstream[phase.name] = BareCheckpoint({"rows": {t: d.num_rows for t, d in out.tables.items()}})
+            upstream[phase.name] = BareCheckpoint({"rows": {t: d.num_rows for t, d in out.tables.items()},
+                                                   "figures": out.figures})
             seconds[phase.name] = time.perf_counter() - t
         return seconds
 

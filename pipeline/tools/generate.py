@@ -19,6 +19,10 @@ Model (all distances equirectangular km, times in hours since ``start`` 00:00 UT
   (cell, hour) pairs, so the row count is exact.
 * Bad rows are corrupted **in place**: ``round(bad_rows * rows_per_partition)`` of the rows are
   rewritten, so every ``outages.csv`` has exactly ``rows_per_partition`` data rows.
+* Noisy partitions (``noisy``, a probability per partition, drawn from the partition's own
+  stream): ``NOISY_BAD_ROWS`` of their outage rows are corrupted and ``NOISY_WEATHER_GAP`` of
+  their station-hours are left out of ``weather.csv``, so present grades them ``noisy`` and
+  holds them (:mod:`assets.quality`). The truth lists them (``partitions[key]["noisy"]``).
 
 Random streams are derived per region (reference data) and per (region, day) partition from
 ``(seed, region index, day index)``, so generating one region yields byte-identical files for
@@ -61,6 +65,8 @@ BAD_KINDS = (
 OFFSET_SHARE = 0.03  # share of timestamps written with a -05:00 offset
 UNRESTORED_SHARE = 0.15
 STATION_GRID = 5  # stations per side of a region's box
+NOISY_BAD_ROWS = 0.25  # share of a noisy partition's outage rows corrupted
+NOISY_WEATHER_GAP = 0.5  # share of a noisy partition's station-hours without a reading
 
 
 def storm_position(t: np.ndarray, first: Region, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -163,9 +169,13 @@ def _plant_clusters(ref: dict, exposure: np.ndarray, rng: np.random.Generator) -
 
 
 def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict, *, seed: int,
-               n_rows: int, bad_rows: float) -> dict:
+               n_rows: int, bad_rows: float, noisy: float = 0.0) -> dict:
     """Write one partition's outages.csv and weather.csv; return its ground truth."""
     rng_cl, rng, rng_wx = (np.random.default_rng(s) for s in np.random.SeedSequence([seed, 1, ri, di]).spawn(3))
+    # its own stream, so the knob never changes what the other streams draw
+    is_noisy = bool(noisy > 0 and np.random.default_rng([seed, 2, ri, di]).random() < noisy)
+    if is_noisy:
+        bad_rows = max(bad_rows, NOISY_BAD_ROWS)
     day0 = int(dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp())
     rid = region.region_id
     weight, clusters = _outage_weights(ref, di, seed, rng_cl)
@@ -175,11 +185,12 @@ def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict
     rel = partition_file(rid, day, OUTAGES_FILE)
     bad_pos, new_lines, truth_bad = _corrupt(outages, region, day, rel, bad_rows, rng)
     _write_outages(root / rel, outages.cols, bad_pos, new_lines)
-    n_wx = _weather(root / partition_file(rid, day, WEATHER_FILE), region, rid, day0, di, ref, seed, rng_wx)
+    n_wx = _weather(root / partition_file(rid, day, WEATHER_FILE), region, rid, day0, di, ref, seed, rng_wx,
+                    gap=NOISY_WEATHER_GAP if is_noisy else 0.0)
     n_bad = len(bad_pos)
     return {"region_id": rid, "day": day, "rows": {"outages": n_rows, "bad": n_bad, "good": n_rows - n_bad,
                                                   "weather": n_wx},
-            "clusters": clusters, "bad_rows": truth_bad}
+            "clusters": clusters, "bad_rows": truth_bad, "noisy": is_noisy}
 
 
 def _outage_weights(ref: dict, di: int, seed: int, rng: np.random.Generator) -> tuple[np.ndarray, list[dict]]:
@@ -298,8 +309,9 @@ def _write_outages(path: Path, cols: dict[str, pa.Array], bad_pos: np.ndarray, n
 
 
 def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict, seed: int,
-             rng: np.random.Generator) -> int:
-    """One observation per station per hour on a STATION_GRID x STATION_GRID grid inside the box."""
+             rng: np.random.Generator, *, gap: float = 0.0) -> int:
+    """One observation per station per hour on a STATION_GRID x STATION_GRID grid inside the box
+    (``gap``: the share of station-hours left out, drawn after every other value)."""
     frac = (np.arange(STATION_GRID) + 0.5) / STATION_GRID
     glat, glon = np.meshgrid(region.min_lat + frac * (region.max_lat - region.min_lat),
                              region.min_lon + frac * (region.max_lon - region.min_lon), indexing="ij")
@@ -315,16 +327,23 @@ def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict
     secs = day0 + np.arange(24)[None, :] * 3600 + minute[:, None] * 60
     n = n_st * 24
     sid = np.repeat(np.array([f"{rid}-ws{i:02d}" for i in range(n_st)]), 24)
-    _write_csv(path, WEATHER_CSV_COLUMNS, [
+    columns = [
         pa.array(sid), pa.array(np.full(n, rid)), _fmt_ts(secs.ravel(), rng.random(n) < OFFSET_SHARE),
         _fmt(np.repeat(st_lat, 24), 4), _fmt(np.repeat(st_lon, 24), 4), _fmt(gust.ravel(), 1),
-        _fmt(rain.ravel(), 2), _fmt(pres.ravel(), 1)])
-    return n
+        _fmt(rain.ravel(), 2), _fmt(pres.ravel(), 1)]
+    if gap > 0:
+        # every station keeps its first hour, so each is still seen on the day
+        keep = rng.random((n_st, 24)) >= gap
+        keep[:, 0] = True
+        mask = pa.array(keep.ravel())
+        columns = [c.filter(mask) for c in columns]
+    _write_csv(path, WEATHER_CSV_COLUMNS, columns)
+    return len(columns[0])
 
 
 def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2, start: str = "2026-09-01",
                       rows_per_partition: int = 20_000, seed: int = 7, bad_rows: float = 0.002,
-                      progress: Callable[[str, int, int], None] | None = None) -> dict:
+                      noisy: float = 0.0, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Write a synthetic storm scenario into ``landing`` and return its ground truth.
 
     Args:
@@ -335,6 +354,7 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
         rows_per_partition: exact number of data rows of every ``outages.csv``.
         seed: master seed; same arguments give byte-identical files.
         bad_rows: fraction of outage rows corrupted in place (recorded in the truth).
+        noisy: probability that a partition is noisy (see the module docstring); 0 for none.
         progress: called as ``progress("partitions", done, total)`` after each partition.
 
     Returns:
@@ -354,18 +374,20 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
         for di in range(days):
             day = (start_day + dt.timedelta(days=di)).isoformat()
             parts[f"{region.region_id}/{day}"] = _partition(landing, region, ri, day, di, ref, seed=seed,
-                                                            n_rows=rows_per_partition, bad_rows=bad_rows)
+                                                            n_rows=rows_per_partition, bad_rows=bad_rows,
+                                                            noisy=noisy)
             done += 1
             if progress is not None:
                 progress("partitions", done, total)
     truth = {
         "seed": seed,
         "params": {"days": days, "start": start, "rows_per_partition": rows_per_partition, "bad_rows": bad_rows,
-                   "regions": [r.region_id for r in regions], "h3_resolution": RES},
+                   "noisy": noisy, "regions": [r.region_id for r in regions], "h3_resolution": RES},
         "storm": {"track": _storm_track(regions[0], start_day, days, seed)},
         "reference": {"cells": {r.region_id: len(ref["cells"]) for r, ref in zip(regions, refs, strict=True)},
                       "customers_rows": customers_rows, "terrain_rows": sum(len(ref["cells"]) for ref in refs)},
         "partitions": parts,
+        "noisy": sorted(k for k, p in parts.items() if p["noisy"]),
     }
     out = landing / "_truth" / "scenario.json"
     out.parent.mkdir(parents=True, exist_ok=True)

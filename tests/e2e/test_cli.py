@@ -84,7 +84,7 @@ def validate_status(doc: Any) -> None:
         assert {"region", "day", "tier", "tier_label", "phases", "deliveries"} <= set(p), p
         assert REGION_RE.match(p["region"]) and DAY_RE.match(p["day"]), p
         assert isinstance(p["tier"], int) and p["tier"] in TIER_LABELS
-        assert p["tier_label"] == TIER_LABELS[p["tier"]]
+        assert p["tier_label"] == ("held_for_review" if p.get("held") else TIER_LABELS[p["tier"]])
         assert isinstance(p["phases"], dict) and set(p["phases"]) <= set(PHASE_NAMES)
         for name, ph in p["phases"].items():
             assert ph["status"] in ("PENDING", "COMPLETED", "FAILED", "SKIPPED"), (name, ph)

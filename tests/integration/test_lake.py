@@ -126,3 +126,24 @@ def test_a_prefetched_partition_is_read_once_in_the_background(lk: Lake) -> None
     with pytest.raises(LakeError, match="version"):
         lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=w.version + 5)
     assert not lk.cache.reads_in_flight
+
+
+def test_a_column_of_a_newer_schema_version_is_added_to_the_stored_table(tmp_path: Path) -> None:
+    """A phase's schema bump that adds a column writes into a table made at the older version:
+    the column is added (nullable), older partitions read it as null, new writes carry it."""
+    old_schema = pa.schema([f for f in SCHEMA if f.name != "pressure_hpa"])
+    root = str(tmp_path / "lake")
+    old = Lake(root, {**SCHEMAS, "weather_raw": old_schema}, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    v1 = old.overwrite_partition("weather_raw", "pine_belt", "2026-09-01",
+                                 _rows("pine_belt", "2026-09-01", 5, 1.0).select(old_schema.names).cast(old_schema),
+                                 seq=1, first_seq=1)
+    new = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    v2 = new.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 4, 2.0),
+                                 seq=2, first_seq=2)
+    assert v2.written and v2.version > v1.version
+    stored = {f.name: f.nullable for f in new.table("weather_raw").schema().fields}
+    assert stored["pressure_hpa"] is True
+    assert new.read_partition("weather_raw", "pine_belt", "2026-09-01", version=v2.version).column(
+        "pressure_hpa").null_count == 5
+    assert new.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=v2.version).column(
+        "pressure_hpa").to_pylist() == [1000.0, 999.0, 998.0, 997.0]

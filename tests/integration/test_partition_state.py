@@ -32,7 +32,7 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
         tier = 0
         for phase in PHASES:
             h = hs.get(phase.name)
-            if h is None or h["status"] != "COMPLETED":
+            if h is None or h["status"] != "COMPLETED" or "held" in (h["summary"] or {}):
                 break
             upstream = (h["summary"] or {}).get("upstream", {})
             if any(name not in hs or hs[name]["state_hash"] != v for name, v in upstream.items()):
@@ -45,6 +45,9 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
                      "delta_versions": (h["summary"] or {}).get("delta_versions", {})}
             if h["status"] == "FAILED":
                 entry["error"] = f"{h['error_class']}: {h['error_message']}"
+                entry["failures"] = h["failures"]
+            if h["status"] == "COMPLETED" and "held" in (h["summary"] or {}):
+                entry["held"] = True
             phases[name] = entry
         deliveries = []
         for r in receipts:
@@ -58,8 +61,14 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
                 d["idempotency_key"] = r["idempotency_key"]
             deliveries.append(d)
         day, _, region = key.partition("|")
-        out[key] = {"region": region, "day": day, "tier": tier, "tier_label": TIER_LABELS[tier],
-                    "phases": phases, "deliveries": deliveries}
+        held = any(e.get("held") for e in phases.values())
+        present = hs.get("present")
+        quality = ((present["summary"] or {}).get("figures", {}).get("quality", {}).get("grade")
+                   if present is not None else None)
+        out[key] = {"region": region, "day": day, "tier": tier,
+                    "tier_label": "held_for_review" if held and tier == 3 else TIER_LABELS[tier],
+                    "phases": phases, "deliveries": deliveries, "signal_quality": quality, "held": held,
+                    "dead_lettered": sorted(n for n, e in phases.items() if e.get("failures", 0) >= 3)}
     return out
 
 
@@ -75,9 +84,14 @@ def _complete(ledger: Ledger, key: str, phase: str, input_hash: str, upstream: d
     if d.skip:
         return d.head
     tier = NAMES.index(phase) + 1
+    summary: dict[str, Any] = {"upstream": upstream, "delta_versions": {f"{phase}_table": tier}}
+    if phase == "present":  # input "c" is a noisy batch: graded so and held
+        grade = "noisy" if input_hash.startswith("c") else "high"
+        summary["figures"] = {"quality": {"grade": grade}}
+        if grade == "noisy":
+            summary["held"] = {"quality": grade, "reasons": ["planted"]}
     return ledger.complete(d.claim, state_hash=f"s:{key}:{phase}:{input_hash}", tier=tier,
-                           tier_label=TIER_LABELS[tier], run_id="r",
-                           summary={"upstream": upstream, "delta_versions": {f"{phase}_table": tier}})
+                           tier_label=TIER_LABELS[tier], run_id="r", summary=summary)
 
 
 def test_the_phase_order_of_the_schema_is_the_pipelines(ledger: Ledger) -> None:
@@ -89,7 +103,8 @@ def test_partition_state_follows_every_change(ledger: Ledger, pg_dsn: str) -> No
     state equals the one computed from scratch."""
     rng = random.Random(5)
     keys = [f"2026-09-0{d}|{r}" for d in (1, 2) for r in ("gulf_coast", "pine_belt")]
-    inputs = {k: "a" for k in keys}
+    inputs = {k: "c" if k == keys[0] else "a" for k in keys}
+    seen_held = False
     for step in range(60):
         key = rng.choice(keys)
         heads = {cp.phase: cp for cp in ledger.heads([key])}
@@ -124,7 +139,9 @@ def test_partition_state_follows_every_change(ledger: Ledger, pg_dsn: str) -> No
         want = expected_state(pg_dsn)
         got = {f"{p['day']}|{p['region']}": p for p in partition_status(ledger)}
         assert got == want, f"after step {step}"
+        seen_held = seen_held or any(p["held"] and p["tier_label"] == "held_for_review" for p in got.values())
     assert {p["tier"] for p in partition_status(ledger)} - {0}, "the walk never got anywhere"
+    assert seen_held, "the walk never held a batch"
 
 
 @pytest.fixture

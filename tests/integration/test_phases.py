@@ -642,17 +642,21 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
         assert (head.status, head.attempt, head.failures) == ("FAILED", n, n)
     assert [(cp.partition_key, cp.phase) for cp in ledger.dead_letters(limit)] == [(KEY, "ingest")]
 
-    # Dead-lettered: the next run makes no attempt and says why in one line.
+    # Dead-lettered: the next run makes no attempt and skips it, saying why in one line (its grader
+    # check, with the metadata), and the later phases' steps are skipped.
     refused = materialize(KEY)
-    assert not refused.success
-    desc = failure_descriptions(refused)[0]
+    assert refused.success
+    assert step_outcomes(refused) == {}
+    [check] = [c for c in refused.get_asset_check_evaluations() if c.check_name == "grader"]
+    desc = check.description
+    assert not check.passed and check.metadata["dead_lettered"].value is True
     assert "dead-lettered after 3 failures" in desc and "customers_out" in desc and "stormlake release" in desc, desc
     assert "\n" not in desc.strip()
     head = heads_by_phase(ledger)["ingest"]
     assert (head.attempt, head.failures) == (limit, limit)
 
     # A release re-arms it (recorded with who and why); the next run tries again.
-    assert ledger.release(KEY, actor="ops-on-call", reason="upstream promised a fix") == ["ingest"]
+    assert ledger.release(KEY, actor="ops-on-call", reason="upstream promised a fix").phases == ["ingest"]
     actions = operator_actions(ledger, KEY)
     assert [(a["action"], a["actor"], a["reason"], a["detail"]) for a in actions] == [
         ("release", "ops-on-call", "upstream promised a fix", {"phases": ["ingest"]})]

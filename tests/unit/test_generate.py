@@ -213,3 +213,29 @@ def test_scale_smoke_and_progress(tmp_path: Path, regions: list[Region]) -> None
         assert sum(1 for _ in fh) == 200_001
     assert truth["partitions"][f"{rid}/2026-09-01"]["rows"]["bad"] == 400
     assert calls == [("partitions", 1, 1)]
+
+
+def test_noisy_partitions_are_planted_on_their_own_stream(tmp_path: Path, regions: list[Region]) -> None:
+    """``noisy``: the chosen partitions get many bad rows and station-hours missing; every other
+    file is byte-identical to a scenario generated without the knob."""
+    from pipeline.tools.generate import NOISY_BAD_ROWS, NOISY_WEATHER_GAP, STATION_GRID
+
+    plain = generate_scenario(tmp_path / "plain", regions[:3], days=3, rows_per_partition=400, seed=7)
+    noisy = generate_scenario(tmp_path / "noisy", regions[:3], days=3, rows_per_partition=400, seed=7, noisy=0.3)
+    assert plain["noisy"] == [] and 0 < len(noisy["noisy"]) < 9
+    assert noisy["noisy"] == sorted(k for k, p in noisy["partitions"].items() if p["noisy"])
+    a, b = _files(tmp_path / "plain"), _files(tmp_path / "noisy")
+    for rel in a:
+        if rel.startswith("_truth"):
+            continue
+        touched = any(rel.startswith(k + "/") for k in noisy["noisy"])
+        assert (a[rel] == b[rel]) != touched, rel
+    for key in noisy["noisy"]:
+        part = noisy["partitions"][key]
+        assert part["rows"]["bad"] == round(NOISY_BAD_ROWS * 400)
+        with open(tmp_path / "noisy" / key / "weather.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        stations = STATION_GRID ** 2
+        assert len(rows) == part["rows"]["weather"] and len({r["station_id"] for r in rows}) == stations
+        missing = 1 - len(rows) / (stations * 24)
+        assert NOISY_WEATHER_GAP - 0.15 < missing < NOISY_WEATHER_GAP + 0.15

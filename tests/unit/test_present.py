@@ -342,7 +342,7 @@ def build_large_inputs(region: Region = REGION, day: str = DAY, seed: int = 7) -
 def run_all(
     inputs: dict[str, pd.DataFrame], region: Region = REGION, day: str = DAY, quarantined_rows: int = 3
 ) -> tuple[pd.DataFrame, dict[str, bytes]]:
-    summary = summarize(region=region, day=day, quarantined_rows=quarantined_rows, **inputs)
+    summary = summarize(region=region, day=day, quarantined_rows=quarantined_rows, signal_quality="high", **inputs)
     arts = render_artifacts(
         region=region,
         day=day,
@@ -449,7 +449,7 @@ def test_top_feeders_keeps_ten_and_breaks_ties() -> None:
     rows.append(rows[0].copy())
     rows[-1]["event_id"], rows[-1]["customers_out"] = "X99", 0  # G11 ties on customers, wins on outages
     inputs["enriched"] = pd.DataFrame(rows).reset_index(drop=True)
-    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, **inputs)
+    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **inputs)
     feeders = json.loads(summary.iloc[0].top_feeders)
     assert len(feeders) == 10
     assert [f["feeder_id"] for f in feeders[:4]] == ["G11", "G08", "G09", "G10"]
@@ -458,14 +458,14 @@ def test_top_feeders_keeps_ten_and_breaks_ties() -> None:
 
 def test_summary_converts_to_arrow_schema(small) -> None:
     _, summary, _ = small
-    for frame in (summary, summarize(region=REGION, day=DAY, quarantined_rows=0, **_empty_inputs())):
+    for frame in (summary, summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **_empty_inputs())):
         table = pa.Table.from_pandas(frame, schema=REGION_DAY_SUMMARY, preserve_index=False)
         assert table.schema.equals(REGION_DAY_SUMMARY)
         assert table.num_rows == 1
 
 
 def test_empty_inputs_summary() -> None:
-    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, **_empty_inputs())
+    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **_empty_inputs())
     s = summary.iloc[0]
     assert (s.outages, s.customers_out, s.customers_served, s.cells_affected, s.clusters) == (0, 0, 0, 0, 0)
     assert s.affected_pct == 0.0
@@ -475,14 +475,14 @@ def test_empty_inputs_summary() -> None:
     assert s.top_feeders == "[]"
     # Frames without any columns (nothing written upstream) are accepted too.
     bare = {k: pd.DataFrame() for k in _empty_inputs()}
-    assert summarize(region=REGION, day=DAY, quarantined_rows=0, **bare).equals(summary)
+    assert summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **bare).equals(summary)
 
 
 def test_missing_column_is_reported() -> None:
     inputs = build_inputs()
     inputs["enriched"] = inputs["enriched"].drop(columns=["restored_at"])
     with pytest.raises(ValueError, match="restored_at"):
-        summarize(region=REGION, day=DAY, quarantined_rows=0, **inputs)
+        summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **inputs)
 
 
 # ---- artifacts ------------------------------------------------------------------------------
@@ -792,5 +792,5 @@ def test_peak_hour_tie_goes_to_earliest_hour() -> None:
     # Hour 12 (E06, E09) first in row order, then hour 3 (E02, E08): equal counts -> 3.
     inputs["enriched"] = enr[enr["event_id"].isin(["E06", "E09", "E02", "E08"])].iloc[[1, 3, 0, 2]]
     assert list(inputs["enriched"]["hour"]) == [12, 12, 3, 3]
-    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, **inputs)
+    summary = summarize(region=REGION, day=DAY, quarantined_rows=0, signal_quality="high", **inputs)
     assert summary.iloc[0].peak_hour == 3
