@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,13 +76,30 @@ def _ledger(settings: Settings):
     return get_ledger(_prepare(settings))
 
 
-def _reading_ledger(settings: Settings):
-    """The ledger for a command that only reads it (status, report): no Dagster instance is
-    prepared, so the command neither imports Dagster nor touches its storage."""
-    from resources.ledger import get_ledger
+def _reading_ledger(settings: Settings, role: str | None = None):
+    """The ledger for a command that does not run phases (status, report, review, release): no
+    Dagster instance is prepared, so the command neither imports Dagster nor touches its storage.
+
+    With ``role`` it is a person's read: every session takes on that database role and every view
+    goes through the logged ``ledger_read`` functions (migration 007)."""
+    from resources.ledger import PIPELINE_ROLE, get_ledger
     from resources.pgserver import resolve_dsns
 
-    return get_ledger(resolve_dsns(settings.pg_dsn, settings.pgdata)[0])
+    dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)[0]
+    if role is None:
+        return get_ledger(dsn, role=PIPELINE_ROLE)
+    return get_ledger(dsn, role=role, audited=True)
+
+
+def _say_hidden(ledger, role: str) -> None:  # noqa: ANN001 - a Ledger
+    """One line on stderr naming the phases ``role`` may not see (the output shows the rest)."""
+    from resources.ledger_views import LedgerViews
+
+    hidden = LedgerViews(ledger).hidden_phases()
+    if hidden:
+        print(f"stormlake: reading as {role}, which may not see the {', '.join(hidden)} phase"
+              f"{'s' if len(hidden) > 1 else ''}: they are left out"
+              " (their tables, checkpoints and errors); --role admin sees every phase", file=sys.stderr)
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -205,16 +223,18 @@ def status_filter(args: argparse.Namespace, settings: Settings):  # -> StatusFil
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.status import render_table, write_json
+    from resources.ledger_views import LedgerViews
 
     flt = status_filter(args, settings)
     filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
-    ledger = _reading_ledger(settings)
+    ledger = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, args.role)
     if args.json:
         write_json(ledger, sys.stdout, flt, dead_letter_after=settings.dead_letter_after)
     else:
         for line in render_table(ledger, flt, filtered=filtered):
             print(line)
-        dead = ledger.dead_letters(settings.dead_letter_after)
+        dead = LedgerViews(ledger).dead_letters(settings.dead_letter_after)
         if dead:
             print(f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review")
     return 0
@@ -255,8 +275,12 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
     """What waits for a person: the dead-lettered phases, each with its last error and what to run."""
-    ledger = _reading_ledger(settings)
-    dead, held = ledger.dead_letters(settings.dead_letter_after), ledger.held()
+    from resources.ledger_views import LedgerViews
+
+    ledger = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, args.role)
+    views = LedgerViews(ledger)
+    dead, held = views.dead_letters(settings.dead_letter_after), views.held()
     if not dead and not held:
         print(f"nothing waits for review (no batch held, no phase failed {settings.dead_letter_after} times"
               " on the same inputs)")
@@ -276,6 +300,50 @@ def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
         error = (cp.error_message or "").splitlines()[0] if cp.error_message else ""
         print(f"  {cp.partition_key:<28} {cp.phase:<9} {cp.failures} failures  last: {cp.error_class}: {error}")
         print(f"    next: fix the cause, then stormlake release {cp.partition_key} --reason TEXT")
+    return 0
+
+
+def _since(text: str | None) -> dt.datetime | None:
+    """``--since``: an ISO date or time (UTC when it names no zone), or an age such as 90m, 12h, 7d."""
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if m:
+        seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    try:
+        t = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(f"--since {text!r}: give an ISO date or time, or an age such as 90m, 12h, 7d") from None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
+    """The access policy, its changes, and the log of every read by a person (migration 007)."""
+    ledger = _reading_ledger(settings)
+    if args.action == "log":
+        total, rows = ledger.access_log(role=args.role, since=_since(args.since), limit=args.limit)
+        print(f"{total} logged reads" + (f" by {args.role}" if args.role else "")
+              + (f" since {args.since}" if args.since else "") + (f"; the newest {len(rows)}:" if rows else ""))
+        for r in rows:
+            print(f"  {r.at.isoformat(timespec='seconds')}  #{r.request_id:<6} {r.role:<18} {r.phase:<9} "
+                  f"{r.what:<11} {r.partition_key or '(all partitions)':<24} {'allowed' if r.allowed else 'DENIED'}")
+        return 0
+    if args.action == "show":
+        for phase, roles in ledger.access_policy().items():
+            print(f"{phase:<9} read by: {', '.join(roles) or '(nobody)'}")
+        return 0
+    role = args.grantee or args.role
+    if not (role and args.phase):
+        raise ConfigError(f"access {args.action} needs a role and a phase: stormlake access {args.action} ROLE PHASE"
+                          " --reason TEXT")
+    if not (args.reason or "").strip():
+        raise ConfigError(f"access {args.action} needs --reason TEXT: the ledger records why")
+    changed = ledger.change_access(args.action, role, args.phase, actor=_operator(), reason=args.reason.strip())
+    verb = "may now read" if args.action == "grant" else "may no longer read"
+    print(f"{role} {verb} {args.phase}" if changed else
+          f"nothing changed: {role} {'already' if args.action == 'grant' else 'could not'} read {args.phase}"
+          " (the request is recorded)")
     return 0
 
 
@@ -312,7 +380,9 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.report import write_report
 
     out = Path(args.out) if args.out else settings.home / "report.html"
-    write_report(_reading_ledger(settings), out, dead_letter_after=settings.dead_letter_after)
+    ledger = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, args.role)
+    write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
     print(f"wrote {out}")
     return 0
 
@@ -476,10 +546,19 @@ def _add_views(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tier", type=int, help="only partitions at this tier (0-4)")
     s.add_argument("--failed", action="store_true", help="only partitions with a FAILED phase")
     s.add_argument("--limit", type=int, help="at most this many partitions")
+    _role_arg(s)
     s.set_defaults(fn=cmd_status)
     r = sub.add_parser("report", help="one HTML page on where every batch stands")
     r.add_argument("--out", default=None)
+    _role_arg(r)
     r.set_defaults(fn=cmd_report)
+
+
+def _role_arg(p: argparse.ArgumentParser) -> None:
+    from resources.ledger import READER_ROLES
+
+    p.add_argument("--role", default="ops_reader", choices=READER_ROLES,
+                   help="the database role to read as (default ops_reader); every read is in the access log")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -503,11 +582,21 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def _add_operations(sub: argparse._SubParsersAction) -> None:
     rv = sub.add_parser("review", help="what waits for a person: held batches and dead-lettered phases, and what to run")
+    _role_arg(rv)
     rv.set_defaults(fn=cmd_review)
     rl = sub.add_parser("release", help="re-arm a dead-lettered partition or deliver a held one (recorded with who and why)")
     rl.add_argument("key", metavar="KEY", help="the partition key, YYYY-MM-DD|region_id")
     rl.add_argument("--reason", required=True, help="why it is released (recorded in the ledger)")
     rl.set_defaults(fn=cmd_release)
+    ac = sub.add_parser("access", help="who may read which phase, its changes, and the log of every read by a person")
+    ac.add_argument("action", choices=["log", "show", "grant", "revoke"])
+    ac.add_argument("grantee", nargs="?", default=None, metavar="ROLE", help="grant/revoke: the database role")
+    ac.add_argument("phase", nargs="?", default=None, help="grant/revoke: the phase")
+    ac.add_argument("--role", default=None, help="log: only this role's reads")
+    ac.add_argument("--since", default=None, help="log: reads since this time (ISO) or age (90m, 12h, 7d)")
+    ac.add_argument("--limit", type=int, default=200, help="log: at most this many rows (newest first)")
+    ac.add_argument("--reason", default=None, help="grant/revoke: why (recorded in the ledger)")
+    ac.set_defaults(fn=cmd_access)
     pr = sub.add_parser("prune", help="remove ledger history past the window")
     pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
     pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",
@@ -548,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stormlake: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`stormlake status | head`): nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class ReportData:
     held: list[Checkpoint]  # present heads held for review
     dead_letters: list[Checkpoint]
     dead_letter_after: int
+    hidden_phases: list[str]  # phases the reading role may not see (left out of every part of the page)
 
     @property
     def last_activity(self) -> dt.datetime | None:
@@ -101,6 +102,7 @@ def _region_names() -> dict[str, str]:
 def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
     """Everything the page shows, read from the ledger's views (a dozen aggregate queries)."""
     v = views(ledger)
+    hidden = v.hidden_phases()
     total, attention = v.attention(MAX_ATTENTION_ROWS)
     return ReportData(
         now=dt.datetime.now(dt.UTC),
@@ -117,9 +119,10 @@ def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
         revisions=v.latest_receipts(MAX_REVISION_ROWS),
         recent_events=v.recent_events(MAX_EVENT_ROWS),
         last_delivery_at=v.last_delivery_at(),
-        held=ledger.held(),
-        dead_letters=ledger.dead_letters(dead_letter_after),
+        held=v.held(),
+        dead_letters=v.dead_letters(dead_letter_after),
         dead_letter_after=dead_letter_after,
+        hidden_phases=hidden,
     )
 
 
@@ -482,7 +485,7 @@ def _verdict(data: ReportData, stale: int) -> dict[str, str]:
             "cls": "warn"}
 
 
-def render_page(data: ReportData, images: dict[str, bytes]) -> str:
+def render_page(data: ReportData, images: dict[str, bytes], *, role: str | None = None) -> str:
     """The page from its data and pictures, through ``templates/report.html.j2`` (autoescaped)."""
     stale = sum(c.stale for c in data.phase_counts)
     totals: dict[str, Counter] = {}
@@ -504,26 +507,28 @@ def render_page(data: ReportData, images: dict[str, bytes]) -> str:
         regions=[per_region[r] for r in _region_axis(set(per_region), data.region_names)],
         region_names=data.region_names, tiers=range(LAST_TIER + 1), last_tier=LAST_TIER,
         tier_labels=TIER_LABELS, tier_colors=TIER_COLORS, tier_text=TIER_TEXT,
-        week_columns_after=WEEK_COLUMNS_AFTER, grades=GRADES, review_rows=MAX_REVIEW_ROWS,
+        week_columns_after=WEEK_COLUMNS_AFTER, grades=GRADES, review_rows=MAX_REVIEW_ROWS, role=role,
     )
 
 
-def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = 3) -> tuple[str, dict[str, bytes]]:
+def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = 3,
+                              role: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
     data = collect(ledger, dead_letter_after=dead_letter_after)
     images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)} if data.summary.partitions else {}
     if data.summary.by_quality:
         images["quality.png"] = quality_png(data)
-    return render_page(data, images), images
+    return render_page(data, images, role=role), images
 
 
-def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None, dead_letter_after: int = 3) -> None:
+def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None, dead_letter_after: int = 3,
+                 role: str | None = None) -> None:
     """Write the report page to ``out`` atomically (temporary file in the same folder, then rename).
 
     With ``images_dir`` the pictures are also written there as PNG files (the page never needs them).
     """
     out = Path(out)
-    page, images = render_report_with_images(ledger, dead_letter_after=dead_letter_after)
+    page, images = render_report_with_images(ledger, dead_letter_after=dead_letter_after, role=role)
     write_atomic(out, page, durable=True)
     if images_dir is not None:
         images_dir = Path(images_dir)

@@ -19,6 +19,7 @@ carries the attempt's ``seq``, so a writer whose lease was taken over cannot com
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import os
 import random
@@ -65,10 +66,18 @@ def idempotency_key(partition_key: str, phase: str, input_hash: str) -> str:
     return hashlib.sha256(f"{partition_key}|{phase}|{input_hash}".encode()).hexdigest()
 
 
-def _session_options(dsn: str) -> str:
-    """The DSN's own ``options`` plus asynchronous commit as the session default."""
+#: The role the pipeline works as (migration 007): not a superuser, not the tables' owner.
+PIPELINE_ROLE = "resume_worker"
+#: Roles that read the ledger through ``ledger_read`` (migration 007), each read logged.
+READER_ROLES = ("ops_reader", "compliance_auditor", "admin", PIPELINE_ROLE)
+
+
+def _session_options(dsn: str, role: str | None = None) -> str:
+    """The DSN's own ``options``, asynchronous commit as the session default and, with ``role``,
+    the role every statement of the session runs as (``-c role=…``, as ``SET ROLE`` does)."""
     own = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-    return f"{own} -c synchronous_commit=off".strip()
+    as_role = f" -c role={role}" if role else ""
+    return f"{own} -c synchronous_commit=off{as_role}".strip()
 
 
 def _lock_key(*parts: str) -> int:
@@ -196,6 +205,21 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class AccessRow:
+    """One row of ``checkpoint_access_log``: a role's read (or attempt) of one phase."""
+
+    access_id: int
+    request_id: int
+    at: dt.datetime
+    role: str
+    phase: str
+    partition_key: str | None
+    what: str
+    allowed: bool
+    named: bool
+
+
+@dataclass(frozen=True)
 class Release:
     """What one ``stormlake release`` re-armed: dead-lettered phases, and the phase it unheld."""
 
@@ -227,8 +251,14 @@ class Ledger:
     nothing is written or delivered twice.
     """
 
-    def __init__(self, dsn: str, *, max_size: int = 4, retries: int = 5, pool_timeout: float = 5.0):
+    def __init__(self, dsn: str, *, max_size: int = 4, retries: int = 5, pool_timeout: float = 5.0,
+                 role: str | None = PIPELINE_ROLE, audited: bool = False):
+        """``role``: the database role every session takes on (the pipeline's by default; None
+        keeps the DSN's user). ``audited``: reads through :mod:`resources.ledger_views` go through
+        the logged ``ledger_read`` functions (a person's reads: status, report, review)."""
         self.dsn = dsn
+        self.role = role
+        self.audited = audited
         self.retries = retries
         self._pool = ConnectionPool(
             dsn,
@@ -238,7 +268,7 @@ class Ledger:
             timeout=pool_timeout,
             # No check on checkout (a round trip per use): a dropped connection fails its first
             # statement with OperationalError, which _run retries on a fresh connection.
-            kwargs={"connect_timeout": 5, "autocommit": True, "options": _session_options(dsn)},
+            kwargs={"connect_timeout": 5, "autocommit": True, "options": _session_options(dsn, role)},
             name="stormlake-ledger",
         )
         self._opened = False
@@ -248,21 +278,22 @@ class Ledger:
         self._watchers: list[OutcomeWatcher] = []
 
     # ---- one ledger per process and DSN -------------------------------------------------
-    _shared: ClassVar[dict[tuple[int, str], Ledger]] = {}
+    _shared: ClassVar[dict[tuple[int, str, str | None, bool], Ledger]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def shared(cls, dsn: str) -> Ledger:
-        """This process's ledger for ``dsn`` (one pool per process), migrated on first use."""
+    def shared(cls, dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
+        """This process's ledger for ``dsn`` and ``role`` (one pool each per process), migrated on
+        first use."""
         try:
             psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError:
             raise ConfigError("the ledger DSN (STORMLAKE_PG_DSN) is not a valid PostgreSQL connection string") from None
-        key = (os.getpid(), dsn)
+        key = (os.getpid(), dsn, role, audited)
         with cls._shared_lock:
             ledger = cls._shared.get(key)
             if ledger is None:
-                ledger = cls(dsn)
+                ledger = cls(dsn, role=role, audited=audited)
                 ledger.migrate()
                 cls._shared[key] = ledger
             return ledger
@@ -345,7 +376,11 @@ class Ledger:
 
     # ---- migrations -------------------------------------------------------------------
     def migrate(self) -> list[int]:
-        """Apply pending numbered migrations, each in one transaction with its version row."""
+        """Apply pending numbered migrations, each in one transaction with its version row.
+
+        As the DSN's own user (the tables' owner), on a connection of its own: the sessions of the
+        pool take on :attr:`role`, which may not exist before migration 007 made it.
+        """
         files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 
         def apply(conn: psycopg.Connection) -> list[int]:
@@ -371,11 +406,28 @@ class Ledger:
                 except psycopg.Error as exc:
                     if isinstance(exc, _TRANSIENT):
                         raise
+                    if isinstance(exc, psycopg.errors.InsufficientPrivilege) and exc.diag.message_hint:
+                        raise ConfigError(f"migration {path.name}: {exc.diag.message_primary};"
+                                          f" {exc.diag.message_hint}") from exc
                     raise MigrationError(f"migration {path.name} failed: {exc}") from exc
                 applied.append(version)
             return applied
 
-        return self._run(apply, what="apply migrations")
+        return self._as_owner(apply, what="apply migrations")
+
+    def _as_owner(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """Run ``fn(conn)`` in one transaction as the DSN's own user (no role taken on), on a
+        connection of its own: migrations and the changes of the access policy."""
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10,
+                                 options=_session_options(self.dsn)) as conn, conn.transaction():
+                return fn(conn)
+        except _TRANSIENT as exc:
+            raise LedgerUnavailable(
+                f"ledger unreachable while trying to {what} ({exc.__class__.__name__}); check that PostgreSQL"
+                " is running, then run again") from exc
+        except psycopg.Error as exc:
+            raise LedgerError(f"ledger error while trying to {what}: {exc.__class__.__name__}: {exc}") from exc
 
     def schema_version(self) -> int:
         return self._run(
@@ -637,18 +689,66 @@ class Ledger:
 
         return self._run(txn, what=f"record the failure of {claim.checkpoint.phase}")
 
-    # ---- dead letters and operator actions ----------------------------------------------
-    def dead_letters(self, limit: int) -> list[Checkpoint]:
-        """Head checkpoints FAILED ``limit`` times or more for the same inputs, oldest first."""
+    # ---- a person's reads (migration 007) ---------------------------------------------
+    def open_read(self, what: str, phases: list[str] | None = None, partition_key: str | None = None) -> int:
+        """Log a read of ``what`` (one access-log row per phase, allowed or denied) and return its
+        request id, committed (durably) before any row is read through ``ledger_read``."""
+        return int(self._run(
+            lambda conn: conn.execute("SELECT ledger_read.open(%s, %s, %s)", (what, phases, partition_key)).fetchone()[0],
+            what=f"log a read of {what}"))
 
-        def q(conn: psycopg.Connection) -> list[Checkpoint]:
-            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
-                return cur.execute(
-                    "SELECT * FROM checkpoints WHERE superseded_at IS NULL AND status = 'FAILED'"
-                    " AND failures >= %(limit)s ORDER BY day, region_id, phase", {"limit": limit},
+    def access_log(self, *, role: str | None = None, since: dt.datetime | None = None,
+                   limit: int = 200) -> tuple[int, list[AccessRow]]:
+        """How many reads match, and the newest ``limit`` of them (as the tables' owner)."""
+
+        def q(conn: psycopg.Connection) -> tuple[int, list[AccessRow]]:
+            where = "(%(role)s::text IS NULL OR role = %(role)s) AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)"
+            args = {"role": role, "since": since, "limit": limit}
+            total = conn.execute(f"SELECT count(*) FROM checkpoint_access_log WHERE {where}", args).fetchone()[0]
+            with conn.cursor(row_factory=class_row(AccessRow)) as cur:
+                rows = cur.execute(
+                    "SELECT access_id, request_id, at, role, phase, partition_key, what, allowed, named"
+                    f" FROM checkpoint_access_log WHERE {where} ORDER BY access_id DESC LIMIT %(limit)s", args,
                 ).fetchall()
+            return int(total), rows
 
-        return self._run(q, what="read the dead letters", single=True)
+        return self._as_owner(q, what="read the access log")
+
+    def access_policy(self) -> dict[str, list[str]]:
+        """phase -> the roles that may read it, in phase order."""
+
+        def q(conn: psycopg.Connection) -> dict[str, list[str]]:
+            rows = conn.execute("SELECT o.phase, coalesce(array_agg(a.role ORDER BY a.role)"
+                                " FILTER (WHERE a.role IS NOT NULL), '{}') FROM phase_order o"
+                                " LEFT JOIN phase_access a USING (phase) GROUP BY o.phase, o.position"
+                                " ORDER BY o.position").fetchall()
+            return {r[0]: list(r[1]) for r in rows}
+
+        return self._as_owner(q, what="read the access policy")
+
+    def change_access(self, action: str, role: str, phase: str, *, actor: str, reason: str) -> bool:
+        """Grant (``action="grant"``) or revoke a role's reading of a phase, as one operator action
+        recorded with who and why; returns whether the policy changed."""
+        if action not in ("grant", "revoke"):
+            raise ValueError(action)
+
+        def txn(conn: psycopg.Connection) -> bool:
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+                raise ConfigError(f"access {action}: there is no database role {role!r}")
+            if conn.execute("SELECT 1 FROM phase_order WHERE phase = %s", (phase,)).fetchone() is None:
+                raise ConfigError(f"access {action}: there is no phase {phase!r}")
+            if action == "grant":
+                changed = conn.execute("INSERT INTO phase_access (phase, role) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                                       (phase, role)).rowcount
+            else:
+                changed = conn.execute("DELETE FROM phase_access WHERE phase = %s AND role = %s", (phase, role)).rowcount
+            self.record_action_txn(conn, action, "*", actor=actor, reason=reason, phase=phase,
+                                   detail={"role": role, "changed": bool(changed)})
+            return bool(changed)
+
+        return self._as_owner(txn, what=f"{action} {role} on {phase}")
+
+    # ---- dead letters and operator actions ----------------------------------------------
 
     def release(self, partition_key: str, *, actor: str, reason: str) -> Release:
         """Release what of a partition waits for a person, as one operator action recorded with
@@ -688,16 +788,6 @@ class Ledger:
 
         return self._run(q, what=f"read the releases of {partition_key}", single=True)
 
-    def held(self) -> list[Checkpoint]:
-        """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first."""
-
-        def q(conn: psycopg.Connection) -> list[Checkpoint]:
-            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
-                return cur.execute(
-                    "SELECT * FROM checkpoints WHERE superseded_at IS NULL AND status = 'COMPLETED'"
-                    " AND summary ? 'held' ORDER BY day, region_id, phase").fetchall()
-
-        return self._run(q, what="read the held batches", single=True)
 
     def record_action(self, action: str, partition_key: str, *, actor: str, reason: str, phase: str | None = None,
                       detail: dict[str, Any] | None = None) -> None:
@@ -729,7 +819,8 @@ class Ledger:
             conn = self._lease_conns.pop() if self._lease_conns else None
         if conn is None or conn.closed:
             try:
-                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
+                                       options=_session_options(self.dsn, self.role))
             except psycopg.OperationalError as exc:
                 raise LedgerUnavailable(
                     f"ledger unreachable while taking the lease for {phase} of {partition_key}"
@@ -938,6 +1029,6 @@ class Ledger:
         return self._run(txn, what="prune ledger history")
 
 
-def get_ledger(dsn: str) -> Ledger:
-    """The process-wide ledger for ``dsn`` (one pool per process), migrated on first use."""
-    return Ledger.shared(dsn)
+def get_ledger(dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
+    """The process-wide ledger for ``dsn`` and ``role`` (one pool each per process), migrated on first use."""
+    return Ledger.shared(dsn, role=role, audited=audited)

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
-from resources.ledger import Ledger
+from resources.ledger import Checkpoint, Ledger
 
 T = TypeVar("T")
 
@@ -171,6 +171,37 @@ class LedgerViews:
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
+    #: placeholder -> (the table the pipeline reads, the ``ledger_read`` read a person's goes through)
+    SOURCES: dict[str, tuple[str, str]] = {
+        "ps": ("partition_state", "partitions"), "cp": ("checkpoints", "checkpoints"),
+        "ev": ("checkpoint_events", "events"), "rc": ("receipts", "receipts"),
+    }
+
+    def _q(self, text: str, **parts: sql.Composable) -> sql.Composed:
+        """``text`` with its sources filled in: ``{ps}``, ``{cp}``, ``{ev}``, ``{rc}`` are the tables
+        themselves for the pipeline, and for an audited ledger (a person's reads) a logged read
+        request of ``ledger_read`` each (migration 007), opened and committed before the query
+        runs. Other ``{name}`` fields come from ``parts``."""
+        import string
+
+        names = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+        for name in names & set(self.SOURCES):
+            table, what = self.SOURCES[name]
+            if self.ledger.audited:
+                parts[name] = sql.SQL("ledger_read.{}({})").format(sql.Identifier(what),
+                                                                    sql.Literal(self.ledger.open_read(what)))
+            else:
+                parts[name] = sql.Identifier(table)
+        return sql.SQL(text).format(**parts)
+
+    def hidden_phases(self) -> list[str]:
+        """The phases whose checkpoints the ledger's role may not read (none for the pipeline)."""
+        if not self.ledger.audited:
+            return []
+        return [r[0] for r in self.ledger.read(
+            lambda c: c.execute("SELECT phase FROM phase_order WHERE NOT ledger_may_read(phase, current_user)"
+                                " ORDER BY position").fetchall(), what="read the access policy")]
+
     @staticmethod
     def _where(flt: StatusFilter) -> sql.Composed:
         conds: list[sql.Composable] = [sql.SQL("true")]
@@ -200,10 +231,10 @@ class LedgerViews:
     # ---- status ----------------------------------------------------------------------------
     def partitions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[PartitionRow]:
         """The selected partitions, in (day, region) order."""
-        query = sql.SQL("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.failed, s.pending, s.phases,"
+        query = self._q("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.failed, s.pending, s.phases,"
                         " s.deliveries, s.held, s.signal_quality"
-                        " FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
-            self._where(flt), self._limit(flt))
+                        " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
+                        where=self._where(flt), limit=self._limit(flt))
         return self._rows(query, PartitionRow, "read the partitions' status")
 
     def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *, dead_letter_after: int = 3) -> Iterator[str]:
@@ -215,14 +246,14 @@ class LedgerViews:
         A server-side cursor hands them over a batch at a time, so a dump of every partition of a
         year starts at once and holds one batch in memory. The caller must exhaust the iterator.
         """
-        query = sql.SQL("SELECT jsonb_build_object('region', s.region_id, 'day', s.day, 'tier', s.tier,"
+        query = self._q("SELECT jsonb_build_object('region', s.region_id, 'day', s.day, 'tier', s.tier,"
                         " 'tier_label', s.tier_label, 'phases', s.phases, 'deliveries', s.deliveries,"
                         " 'signal_quality', s.signal_quality, 'held', s.held, 'dead_lettered',"
                         " CASE WHEN s.failed THEN coalesce((SELECT jsonb_agg(e.key ORDER BY e.key)"
-                        "  FROM jsonb_each(s.phases) e WHERE (e.value->>'failures')::int >= {}), '[]')"
+                        "  FROM jsonb_each(s.phases) e WHERE (e.value->>'failures')::int >= {after}), '[]')"
                         " ELSE '[]' END)::text"
-                        " FROM partition_state s WHERE {} ORDER BY s.day, s.region_id{}").format(
-            sql.Literal(int(dead_letter_after)), self._where(flt), self._limit(flt))
+                        " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
+                        after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
         with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
             cur.itersize = STREAM_BATCH
             cur.execute(query)
@@ -230,11 +261,12 @@ class LedgerViews:
                 yield text
 
     def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:
-        query = sql.SQL("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending),"
-                        " count(*) FILTER (WHERE s.held) FROM partition_state s WHERE {} GROUP BY s.tier").format(
-            self._where(flt))
-        quality = sql.SQL("SELECT s.signal_quality, count(*) FROM partition_state s"
-                          " WHERE {} AND s.signal_quality IS NOT NULL GROUP BY s.signal_quality").format(self._where(flt))
+        query = self._q("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending),"
+                        " count(*) FILTER (WHERE s.held) FROM {ps} s WHERE {where} GROUP BY s.tier",
+                        where=self._where(flt))
+        quality = self._q("SELECT s.signal_quality, count(*) FROM {ps} s"
+                          " WHERE {where} AND s.signal_quality IS NOT NULL GROUP BY s.signal_quality",
+                          where=self._where(flt))
 
         def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
@@ -250,15 +282,14 @@ class LedgerViews:
 
     def grid(self, flt: StatusFilter = ALL_PARTITIONS) -> list[GridCell]:
         """(region, day, tier, failed, pending) of every selected partition, for the heat map."""
-        query = sql.SQL("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending,"
-                        " s.signal_quality AS quality FROM partition_state s WHERE {}").format(self._where(flt))
+        query = self._q("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending,"
+                        " s.signal_quality AS quality FROM {ps} s WHERE {where}", where=self._where(flt))
         return self._rows(query, GridCell, "read the partition grid")
 
     def regions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[RegionCounts]:
-        query = sql.SQL("SELECT s.region_id, count(*), count(*) FILTER (WHERE s.failed),"
+        query = self._q("SELECT s.region_id, count(*), count(*) FILTER (WHERE s.failed),"
                         " count(*) FILTER (WHERE s.pending), array_agg(s.tier)"
-                        " FROM partition_state s WHERE {} GROUP BY s.region_id ORDER BY s.region_id").format(
-            self._where(flt))
+                        " FROM {ps} s WHERE {where} GROUP BY s.region_id ORDER BY s.region_id", where=self._where(flt))
 
         def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
@@ -277,24 +308,24 @@ class LedgerViews:
     def attention(self, limit: int, flt: StatusFilter = ALL_PARTITIONS) -> tuple[int, list[AttentionRow]]:
         """How many partitions are not at the last tier or have a failure, and the first ``limit`` of
         them: failed first, then pending, stale, not run; then by tier, day and region."""
-        query = sql.SQL(
+        query = self._q(
             "WITH o AS (SELECT phase, position FROM phase_order),"
             " need AS (SELECT s.partition_key, s.region_id, s.day, s.tier,"
             "   (SELECT array_agg(o.phase ORDER BY o.position) FROM o WHERE s.phases->o.phase->>'status' = 'FAILED')"
             "     AS failed_phases"
-            "   FROM partition_state s WHERE ({where}) AND (s.failed OR s.tier < (SELECT max(position) FROM o))),"
+            "   FROM {ps} s WHERE ({where}) AND (s.failed OR s.tier < (SELECT max(position) FROM o))),"
             " held AS (SELECT need.*, coalesce(need.failed_phases[1], (SELECT o.phase FROM o WHERE o.position ="
             "   least(need.tier + 1, (SELECT max(position) FROM o)))) AS phase FROM need)"
             " SELECT held.partition_key, held.region_id, held.day, held.tier, held.phase, held.failed_phases,"
             "   c.status, c.attempt, c.error_class, c.error_message, c.updated_at,"
-            "   coalesce(c.run_id, (SELECT x.run_id FROM checkpoints x WHERE x.partition_key = held.partition_key"
+            "   coalesce(c.run_id, (SELECT x.run_id FROM {cp} x WHERE x.partition_key = held.partition_key"
             "     AND x.superseded_at IS NULL ORDER BY x.updated_at DESC LIMIT 1)) AS run_id,"
             "   count(*) OVER () AS total,"
             "   CASE c.status WHEN 'FAILED' THEN 0 WHEN 'PENDING' THEN 1 WHEN 'COMPLETED' THEN 2 ELSE 3 END AS rank"
-            " FROM held LEFT JOIN checkpoints c ON c.partition_key = held.partition_key AND c.phase = held.phase"
+            " FROM held LEFT JOIN {cp} c ON c.partition_key = held.partition_key AND c.phase = held.phase"
             "   AND c.superseded_at IS NULL"
-            " ORDER BY rank, held.tier, held.day, held.region_id LIMIT {limit}"
-        ).format(where=self._where(flt), limit=sql.Literal(int(limit)))
+            " ORDER BY rank, held.tier, held.day, held.region_id LIMIT {limit}",
+            where=self._where(flt), limit=sql.Literal(int(limit)))
 
         def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
@@ -321,22 +352,21 @@ class LedgerViews:
     # ---- phases and events -------------------------------------------------------------------
     def phase_counts(self, *, stale_after: dt.timedelta) -> list[PhaseCount]:
         """Head checkpoints per (phase, status), with how many were retried and how many are stale."""
-        query = ("SELECT phase, status, count(*) AS heads, count(*) FILTER (WHERE attempt > 1) AS retried,"
-                 " count(*) FILTER (WHERE status = 'PENDING' AND updated_at < now() - %s) AS stale"
-                 " FROM checkpoints WHERE superseded_at IS NULL GROUP BY phase, status")
+        query = self._q("SELECT phase, status, count(*) AS heads, count(*) FILTER (WHERE attempt > 1) AS retried,"
+                        " count(*) FILTER (WHERE status = 'PENDING' AND updated_at < now() - %s) AS stale"
+                        " FROM {cp} c WHERE superseded_at IS NULL GROUP BY phase, status")
 
         return self._rows(query, PhaseCount, "count head checkpoints per phase", (stale_after,))
 
     def event_counts(self) -> dict[tuple[str, str], int]:
         """(phase, status) -> number of checkpoint events."""
-        rows = self.ledger.read(
-            lambda c: c.execute("SELECT phase, status, count(*) FROM checkpoint_events GROUP BY phase, status")
-            .fetchall(), what="count checkpoint events")
+        query = self._q("SELECT phase, status, count(*) FROM {ev} e GROUP BY phase, status")
+        rows = self.ledger.read(lambda c: c.execute(query).fetchall(), what="count checkpoint events")
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
     def durations(self) -> dict[str, PhaseDurations]:
         """Per phase: attempts from claim (PENDING event) to COMPLETED, their percentiles, and failures."""
-        query = (
+        query = self._q(
             "SELECT e.phase,"
             " count(*) FILTER (WHERE e.status = 'COMPLETED') AS n,"
             " count(*) FILTER (WHERE e.status = 'FAILED') AS failed,"
@@ -345,7 +375,7 @@ class LedgerViews:
             " percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
             "   FILTER (WHERE e.status = 'COMPLETED') AS p90,"
             " max(extract(epoch FROM e.at - p.at)) FILTER (WHERE e.status = 'COMPLETED') AS max"
-            " FROM checkpoint_events e JOIN checkpoint_events p"
+            " FROM {ev} e JOIN {ev} p"
             "   ON p.checkpoint_id = e.checkpoint_id AND p.seq = e.seq AND p.status = 'PENDING'"
             " WHERE e.status IN ('COMPLETED', 'FAILED') GROUP BY e.phase"
         )
@@ -353,29 +383,26 @@ class LedgerViews:
         return {d.phase: d for d in self._rows(query, PhaseDurations, "measure phase durations")}
 
     def recent_events(self, limit: int) -> list[EventRow]:
-        return self._rows("SELECT event_id, partition_key, phase, status, run_id, at FROM checkpoint_events"
-                          " ORDER BY event_id DESC LIMIT %s", EventRow, "read recent checkpoint events", (limit,))
+        return self._rows(self._q("SELECT event_id, partition_key, phase, status, run_id, at FROM {ev} e"
+                                  " ORDER BY event_id DESC LIMIT %s"), EventRow, "read recent checkpoint events", (limit,))
 
     def last_event_id(self) -> int:
         """The id of the newest checkpoint event (0 when there is none)."""
-        return int(self.ledger.read(
-            lambda c: c.execute("SELECT coalesce(max(event_id), 0) FROM checkpoint_events").fetchone()[0],
-            what="read the newest event id"))
+        query = self._q("SELECT coalesce(max(event_id), 0) FROM {ev} e")
+        return int(self.ledger.read(lambda c: c.execute(query).fetchone()[0], what="read the newest event id"))
 
     def last_event_ids(self, partition_keys: Sequence[str]) -> dict[str, int]:
         """partition key -> id of its newest checkpoint event (keys without events are left out)."""
-        rows = self.ledger.read(
-            lambda c: c.execute("SELECT partition_key, max(event_id) FROM checkpoint_events"
-                                " WHERE partition_key = ANY(%s) GROUP BY partition_key", (list(partition_keys),))
-            .fetchall(), what="read the newest event of partitions")
+        query = self._q("SELECT partition_key, max(event_id) FROM {ev} e WHERE partition_key = ANY(%s) GROUP BY partition_key")
+        rows = self.ledger.read(lambda c: c.execute(query, (list(partition_keys),)).fetchall(),
+                                what="read the newest event of partitions")
         return {r[0]: int(r[1]) for r in rows}
 
     def phase_seconds(self) -> dict[str, float]:
         """phase -> seconds its head checkpoints took from claim to completion, summed."""
-        rows = self.ledger.read(
-            lambda c: c.execute("SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8"
-                                " FROM checkpoints WHERE superseded_at IS NULL AND status = 'COMPLETED'"
-                                " GROUP BY phase").fetchall(), what="sum phase durations")
+        query = self._q("SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8"
+                        " FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED' GROUP BY phase")
+        rows = self.ledger.read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
 
     def other_connections(self) -> int:
@@ -384,9 +411,22 @@ class LedgerViews:
             lambda c: c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                                 " AND pid <> pg_backend_pid()").fetchone()[0], what="count connections"))
 
+    # ---- what waits for a person ------------------------------------------------------------
+    def dead_letters(self, limit: int) -> list[Checkpoint]:
+        """Head checkpoints FAILED ``limit`` times or more for the same inputs, oldest first."""
+        return self._rows(self._q("SELECT * FROM {cp} c WHERE superseded_at IS NULL AND status = 'FAILED'"
+                                  " AND failures >= %s ORDER BY day, region_id, phase"),
+                          Checkpoint, "read the dead letters", (limit,))
+
+    def held(self) -> list[Checkpoint]:
+        """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first."""
+        return self._rows(self._q("SELECT * FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED'"
+                                  " AND summary ? 'held' ORDER BY day, region_id, phase"),
+                          Checkpoint, "read the held batches")
+
     # ---- receipts ----------------------------------------------------------------------------
     def receipt_counts(self) -> list[ReceiptCounts]:
-        query = (
+        query = self._q(
             "SELECT target, kind,"
             " count(*) FILTER (WHERE status = 'DELIVERED') AS delivered,"
             " count(*) FILTER (WHERE status = 'PENDING') AS pending,"
@@ -394,17 +434,16 @@ class LedgerViews:
             " coalesce(sum(attempts), 0) AS attempts,"
             " count(*) FILTER (WHERE last_error IS NOT NULL) AS with_error,"
             " max(delivered_at) AS last_delivered"
-            " FROM receipts GROUP BY target, kind ORDER BY target, kind"
+            " FROM {rc} r GROUP BY target, kind ORDER BY target, kind"
         )
 
         return self._rows(query, ReceiptCounts, "count receipts")
 
     def latest_receipts(self, limit: int) -> list[ReceiptRow]:
-        return self._rows("SELECT artifact_id, idempotency_key, target, status, supersedes, attempts, last_error,"
-                          " created_at, delivered_at FROM receipts ORDER BY receipt_id DESC LIMIT %s",
+        return self._rows(self._q("SELECT artifact_id, idempotency_key, target, status, supersedes, attempts, last_error,"
+                                  " created_at, delivered_at FROM {rc} r ORDER BY receipt_id DESC LIMIT %s"),
                           ReceiptRow, "read the latest receipts", (limit,))
 
     def last_delivery_at(self) -> dt.datetime | None:
-        return self.ledger.read(
-            lambda c: c.execute("SELECT max(coalesce(delivered_at, created_at)) FROM receipts").fetchone()[0],
-            what="read the last delivery time")
+        query = self._q("SELECT max(coalesce(delivered_at, created_at)) FROM {rc} r")
+        return self.ledger.read(lambda c: c.execute(query).fetchone()[0], what="read the last delivery time")

@@ -376,7 +376,7 @@ def run_until_ok(env: dict[str, str], *args: str, tries: int = 3, timeout: float
 
 def status(env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """``stormlake status --json`` by partition key."""
-    res = run(env, "status", "--json", timeout=120)
+    res = run(env, "status", "--json", "--role", "admin", timeout=120)
     assert res.returncode == 0, str(res)
     data = json.loads(res.stdout)
     return {f"{p['day']}|{p['region']}": p for p in data["partitions"]}

@@ -69,7 +69,7 @@ def err_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def status_json(env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    proc = stormlake("status", "--json", env=env, cwd=cwd)
+    proc = stormlake("status", "--json", "--role", "admin", env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     validate_status(doc)

@@ -41,7 +41,7 @@ def _shell(cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _status(env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    proc = subprocess.run([str(BIN / "stormlake"), "status", "--json"], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([str(BIN / "stormlake"), "status", "--json", "--role", "admin"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return {f"{p['day']}|{p['region']}": p for p in json.loads(proc.stdout)["partitions"]}

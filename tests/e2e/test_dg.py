@@ -132,13 +132,13 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to a process started in its own session, then SIGKILL to anything left of it."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(HANG_GUARD_S)
-        except subprocess.TimeoutExpired:
-            pass
+    """SIGKILL to a process started in its own session and everything of its group.
+
+    Only the `stormlake ui` test checks a graceful stop (SIGTERM, which `stormlake ui` passes on to
+    dg dev as the SIGINT it expects). dg dev interrupted right after its services came up can wait
+    forever on a webserver and daemon that took the interrupt too early, so a test that only needs
+    it gone does not ask.
+    """
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

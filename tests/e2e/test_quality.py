@@ -77,6 +77,17 @@ def test_noisy_batches_are_held_until_released_and_delivered_once(tmp_path: Path
     final = {f"{p['day']}|{p['region']}": p for p in status_json(env, tmp_path)["partitions"]}
     assert {k for k, p in final.items() if p["held"]} == noisy - {key}
     assert len(final[key]["deliveries"]) == 3
+    # Read as the compliance auditor: present only, said on stderr, every read in the access log.
+    audit = stormlake("status", "--json", "--role", "compliance_auditor", env=env, cwd=tmp_path)
+    assert audit.returncode == 0, audit.stderr
+    assert "may not see the ingest, enrich, correlate phases" in audit.stderr, audit.stderr
+    assert all(set(p["phases"]) == {"present"} for p in json.loads(audit.stdout)["partitions"])
+    log = stormlake("access", "log", "--role", "compliance_auditor", "--since", "1h", env=env, cwd=tmp_path)
+    assert log.returncode == 0, log.stderr
+    lines = log.stdout.splitlines()
+    assert "logged reads by compliance_auditor since 1h" in lines[0], lines[0]
+    assert any(" ingest " in ln and ln.endswith("DENIED") for ln in lines[1:]), lines
+    assert any(" present " in ln and ln.endswith("allowed") for ln in lines[1:]), lines
     from psycopg import connect
 
     with connect(pg_dsn) as conn:

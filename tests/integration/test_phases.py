@@ -23,6 +23,7 @@ from psycopg import sql
 from assets.phases import CORRELATE, INGEST, PHASES, TABLE_PHASE, table_keys
 from assets.schemas import SCHEMAS, table_schema
 from resources.ledger import Ledger
+from resources.ledger_views import LedgerViews
 from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
 from resources.settings import load_settings
@@ -640,7 +641,7 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
         assert not materialize(KEY).success
         head = heads_by_phase(ledger)["ingest"]
         assert (head.status, head.attempt, head.failures) == ("FAILED", n, n)
-    assert [(cp.partition_key, cp.phase) for cp in ledger.dead_letters(limit)] == [(KEY, "ingest")]
+    assert [(cp.partition_key, cp.phase) for cp in LedgerViews(ledger).dead_letters(limit)] == [(KEY, "ingest")]
 
     # Dead-lettered: the next run makes no attempt and skips it, saying why in one line (its grader
     # check, with the metadata), and the later phases' steps are skipped.
@@ -660,7 +661,7 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
     actions = operator_actions(ledger, KEY)
     assert [(a["action"], a["actor"], a["reason"], a["detail"]) for a in actions] == [
         ("release", "ops-on-call", "upstream promised a fix", {"phases": ["ingest"]})]
-    assert ledger.dead_letters(limit) == []
+    assert LedgerViews(ledger).dead_letters(limit) == []
     assert not materialize(KEY).success
     head = heads_by_phase(ledger)["ingest"]
     assert (head.attempt, head.failures) == (limit + 1, 1)

@@ -58,7 +58,7 @@ def outbox_tick(env: dict[str, str], dsn: str, cursor: str | None) -> str:
 
 
 def status_text(env: dict[str, str]) -> str:
-    res = run(env, "status", "--json", timeout=120)
+    res = run(env, "status", "--json", "--role", "admin", timeout=120)
     assert res.returncode == 0, str(res)
     return res.stdout
 

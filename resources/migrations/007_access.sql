@@ -1,0 +1,267 @@
+-- Per-phase access, enforced by the database, and a log of every read by a person.
+--
+-- 1. Roles. resume_worker (the pipeline), ops_reader, compliance_auditor and admin are real
+--    PostgreSQL roles (NOLOGIN; roles belong to the whole server, so a second ledger database on
+--    it finds them made). The ledger's own user becomes a member of each, so that it can take
+--    them on: the pipeline connects with the startup option role=resume_worker and so works as a
+--    role that is neither a superuser nor the owner of the tables.
+-- 2. The policy is data: phase_access says which roles may read which phase's checkpoints,
+--    events, recorded calls and receipts (receipts belong to present). `stormlake access
+--    grant/revoke` changes it, each change an operator action (who, when, why).
+-- 3. Row-level security, forced (the table owner is no exception), on every ledger table that
+--    carries a phase: checkpoints, checkpoint_events, recorded_calls (through its checkpoint),
+--    receipts (present) and operator_actions; and on partition_state, which holds every phase's
+--    entry. resume_worker reads and writes every row; any other role holding a grant on a table
+--    sees the rows of the phases the policy gives it.
+-- 4. Reader roles hold no grant on those tables. They read through the functions of schema
+--    ledger_read, two steps a read:
+--      SELECT ledger_read.open('checkpoints', ARRAY['present']);   -- its own transaction
+--      SELECT * FROM ledger_read.checkpoints(<request>);
+--    open() writes one checkpoint_access_log row per phase asked for, allowed or denied, and
+--    returns the request id. A read function serves a request only once the transaction that
+--    logged it has committed, so no read happens without a log row that a rollback can no longer
+--    take back. A request that names a denied phase fails at the read (the denial is logged
+--    already); a request for every phase returns the rows of the allowed ones.
+
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['resume_worker', 'ops_reader', 'compliance_auditor', 'admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION
+                WHEN duplicate_object OR unique_violation THEN NULL;  -- made meanwhile for another database
+                WHEN insufficient_privilege THEN
+                    RAISE EXCEPTION 'the ledger''s user % may not create roles', current_user
+                        USING ERRCODE = 'insufficient_privilege',
+                              HINT = format('as a superuser run: CREATE ROLE resume_worker NOLOGIN; CREATE ROLE ops_reader NOLOGIN;'
+                                            ' CREATE ROLE compliance_auditor NOLOGIN; CREATE ROLE admin NOLOGIN;'
+                                            ' GRANT resume_worker, ops_reader, compliance_auditor, admin TO %I;'
+                                            ' (or ALTER ROLE %I CREATEROLE), then run again', current_user, current_user);
+            END;
+        END IF;
+        IF NOT pg_has_role(current_user, r, 'MEMBER') THEN
+            BEGIN
+                EXECUTE format('GRANT %I TO %I', r, current_user);
+            EXCEPTION WHEN insufficient_privilege THEN
+                RAISE EXCEPTION 'the ledger''s user % may not take on the role %', current_user, r
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = format('as a superuser run: GRANT %I TO %I; then run again', r, current_user);
+            END;
+        END IF;
+    END LOOP;
+END $$;
+
+-- ---- the policy ----------------------------------------------------------------------------
+CREATE TABLE phase_access (
+    phase  text NOT NULL REFERENCES phase_order (phase),
+    role   text NOT NULL,
+    PRIMARY KEY (phase, role)
+);
+INSERT INTO phase_access (phase, role) VALUES
+    ('ingest', 'resume_worker'), ('ingest', 'admin'),
+    ('enrich', 'resume_worker'), ('enrich', 'admin'),
+    ('correlate', 'resume_worker'), ('correlate', 'ops_reader'), ('correlate', 'admin'),
+    ('present', 'resume_worker'), ('present', 'ops_reader'), ('present', 'compliance_auditor'), ('present', 'admin');
+
+-- Whether ``who`` may read ``phase`` (a member of a role the policy names). Runs as its owner, so
+-- a caller needs no grant on phase_access; the policies pass current_user.
+CREATE FUNCTION ledger_may_read(p_phase text, who text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM phase_access a
+                   WHERE a.phase = p_phase AND pg_has_role(who, a.role, 'MEMBER'))
+$$;
+
+ALTER TABLE operator_actions DROP CONSTRAINT operator_actions_action_check;
+ALTER TABLE operator_actions ADD CONSTRAINT operator_actions_action_check
+    CHECK (action IN ('release', 'force', 'grant', 'revoke'));
+
+-- ---- the access log ------------------------------------------------------------------------
+CREATE SEQUENCE checkpoint_access_request;
+CREATE TABLE checkpoint_access_log (
+    access_id      bigserial   PRIMARY KEY,
+    request_id     bigint      NOT NULL,
+    at             timestamptz NOT NULL DEFAULT now(),
+    role           text        NOT NULL,      -- the role that read (or tried to)
+    phase          text        NOT NULL,
+    partition_key  text,                      -- null: every partition the read selects
+    what           text        NOT NULL,      -- checkpoints | events | calls | receipts | partitions | actions
+    allowed        boolean     NOT NULL,
+    named          boolean     NOT NULL,      -- the phase was named (a denial then fails the read)
+    xact           xid8        NOT NULL DEFAULT pg_current_xact_id()
+);
+CREATE INDEX checkpoint_access_log_request ON checkpoint_access_log (request_id);
+CREATE INDEX checkpoint_access_log_at ON checkpoint_access_log (at);
+CREATE INDEX checkpoint_access_log_role ON checkpoint_access_log (role, at);
+
+-- ---- grants: the pipeline's role works on every table; readers on none --------------------
+GRANT USAGE ON SCHEMA public TO resume_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO resume_worker;
+GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO resume_worker;
+REVOKE ALL ON phase_access, checkpoint_access_log FROM resume_worker;
+REVOKE ALL ON SEQUENCE checkpoint_access_request FROM resume_worker;
+GRANT SELECT ON phase_order TO ops_reader, compliance_auditor, admin;  -- the order of the phases, no state
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO resume_worker;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO resume_worker;
+
+-- ---- row-level security --------------------------------------------------------------------
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['checkpoints', 'checkpoint_events', 'recorded_calls', 'receipts', 'operator_actions',
+                             'partition_state'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format('CREATE POLICY pipeline ON %I FOR ALL TO resume_worker USING (true) WITH CHECK (true)', t);
+    END LOOP;
+END $$;
+CREATE POLICY phase_readers ON checkpoints FOR SELECT USING (ledger_may_read(phase, current_user));
+CREATE POLICY phase_readers ON checkpoint_events FOR SELECT USING (ledger_may_read(phase, current_user));
+CREATE POLICY phase_readers ON recorded_calls FOR SELECT
+    USING (EXISTS (SELECT 1 FROM checkpoints c WHERE c.id = checkpoint_id));  -- the checkpoint's own policy decides
+CREATE POLICY phase_readers ON receipts FOR SELECT USING (ledger_may_read('present', current_user));
+CREATE POLICY phase_readers ON operator_actions FOR SELECT
+    USING (phase IS NULL OR ledger_may_read(phase, current_user));
+
+-- ---- the read functions ----------------------------------------------------------------------
+CREATE SCHEMA ledger_read;
+REVOKE ALL ON SCHEMA ledger_read FROM PUBLIC;
+GRANT USAGE ON SCHEMA ledger_read TO resume_worker, ops_reader, compliance_auditor, admin;
+
+-- Who is reading: the role the session took on (SET ROLE, or the startup option role=…), else the
+-- user it logged in as. A SECURITY DEFINER function changes current_user, never these.
+CREATE FUNCTION ledger_read.caller() RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text ELSE current_setting('role') END
+$$;
+
+CREATE FUNCTION ledger_read.open(p_what text, p_phases text[] DEFAULT NULL, p_partition text DEFAULT NULL)
+    RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    req bigint := nextval('checkpoint_access_request');
+    who text := ledger_read.caller();
+BEGIN
+    IF p_what NOT IN ('checkpoints', 'events', 'calls', 'receipts', 'partitions', 'actions') THEN
+        RAISE EXCEPTION 'no such ledger read: % (checkpoints, events, calls, receipts, partitions, actions)', p_what
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_phases IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_phases) p WHERE p NOT IN (SELECT phase FROM phase_order)) THEN
+        RAISE EXCEPTION 'no such phase among %', p_phases USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO checkpoint_access_log (request_id, role, phase, partition_key, what, allowed, named)
+    SELECT req, who, o.phase, p_partition, p_what, ledger_may_read(o.phase, who), p_phases IS NOT NULL
+    FROM phase_order o
+    WHERE (p_phases IS NULL OR o.phase = ANY (p_phases)) AND (p_what <> 'receipts' OR o.phase = 'present')
+    ORDER BY o.position;
+    RETURN req;
+END $$;
+
+-- The phases a committed request of the caller's may read (and its partition, if it named one).
+CREATE FUNCTION ledger_read.granted(p_request bigint, p_what text, OUT phases text[], OUT partition_key text)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    who text := ledger_read.caller();
+    r record;
+BEGIN
+    SELECT array_agg(l.phase) FILTER (WHERE l.allowed) AS allowed,
+           array_agg(l.phase) FILTER (WHERE NOT l.allowed AND l.named) AS refused,
+           bool_and(l.role = who) AS mine, min(l.at) AS at, max(l.xact) AS xact, min(l.partition_key) AS part,
+           count(*) AS n
+    INTO r FROM checkpoint_access_log l WHERE l.request_id = p_request AND l.what = p_what;
+    IF r.n = 0 OR NOT r.mine THEN
+        RAISE EXCEPTION 'no % read request % of role %: call ledger_read.open(%L) first', p_what, p_request, who, p_what
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF pg_xact_status(r.xact) IS DISTINCT FROM 'committed' THEN
+        RAISE EXCEPTION 'read request % is not committed: open it in a transaction of its own, then read', p_request
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF r.at < now() - interval '10 minutes' THEN
+        RAISE EXCEPTION 'read request % has expired (opened %); open a new one', p_request, r.at
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF r.refused IS NOT NULL THEN
+        RAISE EXCEPTION 'role % may not read the % of phase %', who, p_what, array_to_string(r.refused, ', ')
+            USING ERRCODE = 'insufficient_privilege', DETAIL = format('denied and logged as read request %s', p_request);
+    END IF;
+    phases := coalesce(r.allowed, '{}');
+    partition_key := r.part;
+END $$;
+
+CREATE FUNCTION ledger_read.checkpoints(p_request bigint) RETURNS SETOF checkpoints
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE g record;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'checkpoints');
+    RETURN QUERY SELECT c.* FROM checkpoints c
+        WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
+END $$;
+
+CREATE FUNCTION ledger_read.events(p_request bigint) RETURNS SETOF checkpoint_events
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE g record;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'events');
+    RETURN QUERY SELECT e.* FROM checkpoint_events e
+        WHERE e.phase = ANY (g.phases) AND (g.partition_key IS NULL OR e.partition_key = g.partition_key);
+END $$;
+
+CREATE FUNCTION ledger_read.calls(p_request bigint) RETURNS SETOF recorded_calls
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE g record;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'calls');
+    RETURN QUERY SELECT rc.* FROM recorded_calls rc JOIN checkpoints c ON c.id = rc.checkpoint_id
+        WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
+END $$;
+
+CREATE FUNCTION ledger_read.receipts(p_request bigint) RETURNS SETOF receipts
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE g record;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'receipts');
+    RETURN QUERY SELECT r.* FROM receipts r
+        WHERE 'present' = ANY (g.phases) AND (g.partition_key IS NULL OR r.partition_key = g.partition_key);
+END $$;
+
+CREATE FUNCTION ledger_read.actions(p_request bigint) RETURNS SETOF operator_actions
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE g record;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'actions');
+    RETURN QUERY SELECT a.* FROM operator_actions a
+        WHERE (a.phase IS NULL OR a.phase = ANY (g.phases))
+          AND (g.partition_key IS NULL OR a.partition_key = g.partition_key);
+END $$;
+
+-- partition_state with only the allowed phases' entries: the deliveries, quality and hold belong
+-- to present; failed and pending say what the allowed phases show. The tier is the partition's.
+CREATE FUNCTION ledger_read.partitions(p_request bigint) RETURNS SETOF partition_state
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    g record;
+    hidden text[];
+    present boolean;
+BEGIN
+    SELECT * INTO g FROM ledger_read.granted(p_request, 'partitions');
+    hidden := ARRAY(SELECT phase FROM phase_order WHERE phase <> ALL (g.phases));
+    present := 'present' = ANY (g.phases);
+    RETURN QUERY
+    SELECT s.partition_key, s.region_id, s.day, s.tier, s.tier_label,
+           CASE WHEN hidden = '{}' THEN s.failed
+                ELSE EXISTS (SELECT 1 FROM jsonb_each(s.phases - hidden) e WHERE e.value->>'status' = 'FAILED') END,
+           CASE WHEN hidden = '{}' THEN s.pending
+                ELSE EXISTS (SELECT 1 FROM jsonb_each(s.phases - hidden) e WHERE e.value->>'status' = 'PENDING') END,
+           s.phases - hidden,
+           CASE WHEN present THEN s.deliveries ELSE '[]'::jsonb END,
+           s.updated_at,
+           CASE WHEN present THEN s.signal_quality END,
+           CASE WHEN present THEN s.held ELSE false END
+    FROM partition_state s
+    WHERE g.partition_key IS NULL OR s.partition_key = g.partition_key;
+END $$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_read FROM PUBLIC;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger_read TO resume_worker, ops_reader, compliance_auditor, admin;
