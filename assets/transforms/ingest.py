@@ -44,11 +44,15 @@ from __future__ import annotations
 import codecs
 import csv
 import datetime as dt
+import hashlib
 import io
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import h3
 import numpy as np
@@ -765,6 +769,56 @@ def validate_terrain(
     })
 
 
+class ReferenceCache:
+    """The reference files as judged for a region, kept for the next partition of this process.
+
+    ``reference/customers.csv`` and ``terrain.csv`` are shared by every day of a region and hold
+    every region's rows, so judging them again is most of a small partition's ingest. An entry
+    is keyed by the file's content (sha256 of its bytes), the region's definition and the known
+    regions; the day only names the partition columns, which are set anew on a hit. A changed
+    file is new bytes, a new key.
+    """
+
+    MAX_ENTRIES = 128
+    _entries: ClassVar[OrderedDict[tuple[str, ...], tuple[str, tuple[pa.Table, pa.Table, FileReport]]]] = OrderedDict()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def judge(cls, validate: Callable[..., tuple[pa.Table, pa.Table, FileReport]], path: Path, rel: str,
+              region: Region, day: str, known_regions: Collection[str]) -> tuple[pa.Table, pa.Table, FileReport]:
+        try:
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:  # missing or unreadable: the validator says so, naming the file
+            return validate(path, rel, region, day, known_regions=known_regions)
+        key = (validate.__name__, rel, digest, region.fingerprint(), *sorted(known_regions))
+        with cls._lock:
+            hit = cls._entries.get(key)
+            if hit is not None:
+                cls._entries.move_to_end(key)
+        if hit is None:
+            judged = validate(path, rel, region, day, known_regions=known_regions)
+            with cls._lock:
+                cls._entries[key] = (day, judged)
+                while len(cls._entries) > cls.MAX_ENTRIES:
+                    cls._entries.popitem(last=False)
+            return judged
+        was, (accepted, quarantine, report) = hit
+        if was == day:
+            return accepted, quarantine, report
+        return _on_day(accepted, day), _on_day(quarantine, day), report
+
+    @classmethod
+    def clear(cls) -> None:
+        with cls._lock:
+            cls._entries.clear()
+
+
+def _on_day(table: pa.Table, day: str) -> pa.Table:
+    """``table`` with its partition column ``day`` set to ``day``."""
+    i = table.schema.get_field_index("day")
+    return table.set_column(i, table.schema.field(i), pa.repeat(day, table.num_rows).cast(table.schema.field(i).type))
+
+
 def ingest_partition(landing: Path, region: Region, day: str, *, known_regions: Collection[str]) -> IngestResult:
     """Read and judge the four landing files of one (region, day) partition.
 
@@ -775,8 +829,8 @@ def ingest_partition(landing: Path, region: Region, day: str, *, known_regions: 
     rels = landing_layout.input_files(region.region_id, day)
     outages = validate_outages(landing / rels[0], rels[0], region, day)
     weather = validate_weather(landing / rels[1], rels[1], region, day)
-    customers = validate_customers(landing / rels[2], rels[2], region, day, known_regions=known_regions)
-    terrain = validate_terrain(landing / rels[3], rels[3], region, day, known_regions=known_regions)
+    customers = ReferenceCache.judge(validate_customers, landing / rels[2], rels[2], region, day, known_regions)
+    terrain = ReferenceCache.judge(validate_terrain, landing / rels[3], rels[3], region, day, known_regions)
     parts = (outages, weather, customers, terrain)
     return IngestResult(
         outages=outages[0], weather=weather[0], customers=customers[0], terrain=terrain[0],

@@ -405,3 +405,32 @@ def test_200k_rows_synthetic(tmp_path: Path) -> None:
     assert np.array_equal(accepted.column("lat").to_numpy(), lat[keep])
     assert accepted.column("cause").to_pylist()[:200] == [c.strip('"') for c in causes[keep][:200]]
     assert accepted.schema.equals(schemas.OUTAGES_RAW)
+
+
+def test_judged_reference_files_are_reused_for_another_day_and_judged_again_when_they_change(landing: Path) -> None:
+    """The reference cache: the next day of the region gets what judging the files again gives;
+    changed bytes are judged anew."""
+    from assets.transforms.ingest import ReferenceCache
+
+    day2 = "2026-09-02"
+    (landing / "gulf_coast" / day2).mkdir()
+    for name in ("outages.csv", "weather.csv"):
+        text = (landing / "gulf_coast" / DAY / name).read_text().replace(DAY, day2)
+        write(landing / "gulf_coast" / day2 / name, text)
+    ReferenceCache.clear()
+    ingest_partition(landing, GULF, DAY, known_regions=KNOWN)
+    cached = ingest_partition(landing, GULF, day2, known_regions=KNOWN)
+    ReferenceCache.clear()
+    fresh = ingest_partition(landing, GULF, day2, known_regions=KNOWN)
+    for a, b in ((cached.customers, fresh.customers), (cached.terrain, fresh.terrain),
+                 (cached.quarantine, fresh.quarantine)):
+        assert a.equals(b) and a.schema.equals(b.schema)
+    assert set(cached.customers.column("day").to_pylist()) == {day2}
+    assert cached.files == fresh.files
+    # New bytes in the reference file: judged again (the bad row is quarantined, naming its line).
+    write(landing / "reference" / "customers.csv",
+          csv_text(CUST_HEADER, [customer(0), customer(1, region_id="pine_belt"), customer(2, customers="-4")]))
+    changed = ingest_partition(landing, GULF, day2, known_regions=KNOWN)
+    (q,) = [r for r in changed.quarantine.to_pylist() if r["source_file"] == "reference/customers.csv"]
+    assert q["field"] == "customers" and q["line"] == 4 and q["day"] == day2
+    assert changed.customers.num_rows == 1
