@@ -266,6 +266,15 @@ def _heat_legend(fig) -> None:  # noqa: ANN001 - a matplotlib Figure
                title_fontsize=9, alignment="left")
 
 
+def _grid_figure(g: HeatGrid) -> tuple[Any, Any, Any, float, float]:
+    """A figure sized to a days x regions grid, its canvas, its one axes, and its size in inches."""
+    nr, nd = g.tiers.shape
+    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
+    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
+    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
+    return fig, canvas, fig.add_subplot(), width, height
+
+
 def heatmap_png(data: ReportData) -> bytes:
     """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled.
 
@@ -273,11 +282,7 @@ def heatmap_png(data: ReportData) -> bytes:
     that week reached in that region, marked when any of its days has a failed or pending phase.
     """
     g = heat_grid(data)
-    nr, nd = g.tiers.shape
-    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
-    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
-    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
-    ax = fig.add_subplot()
+    fig, canvas, ax, width, height = _grid_figure(g)
     _draw_cells(ax, g, width, height)
     _label_axes(ax, g, width, height)
     _heat_legend(fig)
@@ -311,11 +316,7 @@ def quality_png(data: ReportData) -> bytes:
     from matplotlib.patches import Patch
 
     g = quality_grid(data)
-    nr, nd = g.tiers.shape
-    width = min(18.0, max(7.5, 2.8 + nd * 0.32))
-    height = min(14.0, max(2.6, 1.6 + nr * 0.3))
-    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
-    ax = fig.add_subplot()
+    fig, canvas, ax, width, height = _grid_figure(g)
     cmap = ListedColormap([QUALITY_COLORS[q] for q in GRADES])
     cmap.set_bad((0, 0, 0, 0))
     ax.patch.set_facecolor("white")

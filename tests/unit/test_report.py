@@ -190,3 +190,37 @@ def test_thousands_of_partitions_render_quickly(ledger: Ledger, pg_dsn: str, tmp
     assert len(_images(page)) == 2
     assert 'partitions</div><div class="v">4800<' in page
     assert "bad &lt;row&gt;" in page
+
+
+def test_report_maps_quality_lists_what_waits_and_says_what_a_role_may_not_see(populated: Ledger) -> None:
+    # red_hills 2026-09-01: published but graded noisy and held; pine_belt's enrich fails a third time.
+    key = "2026-09-01|red_hills"
+    for phase in ("ingest", "enrich", "correlate", "present"):
+        p = next(p for p in PHASES if p.name == phase)
+        claim = _claim(populated, key, phase, "run-fff")
+        summary: dict = {"upstream": {}}
+        if phase == "present":
+            summary["figures"] = {"quality": {"grade": "noisy"}}
+            summary["held"] = {"quality": "noisy", "reasons": ["station_hours_missing 50.0% > 30%"]}
+        populated.complete(claim, state_hash=f"s-{key}-{phase}", summary=summary, tier=p.tier,
+                           tier_label=p.tier_label, run_id="run-fff")
+    claim = _claim(populated, "2026-09-01|pine_belt", "enrich", "run-ggg")
+    assert populated.fail(claim, error_class="QualityGateError", error_message="third time", run_id="run-ggg")
+
+    page, images = render_report_with_images(populated, dead_letter_after=3)
+    assert "quality.png" in images and images["quality.png"].startswith(PNG_MAGIC)
+    assert 'id="quality"' in page and "noisy 1" in page
+    review = page[page.index('id="review"'):page.index('id="phases"')]
+    assert "1 held for review" in review and "1 dead-lettered" in review
+    assert "2026-09-01|red_hills" in review and "station_hours_missing" in review
+    assert "2026-09-01|pine_belt" in review and "dead-lettered after 3 failures" in review
+
+    reader = Ledger(populated.dsn, role="compliance_auditor", audited=True)
+    try:
+        page, images = render_report_with_images(reader, role="compliance_auditor")
+    finally:
+        reader.close()
+    assert "read as compliance_auditor" in page
+    assert "may not see the ingest, enrich, correlate phases" in page
+    assert "QualityGateError" not in page  # enrich's errors are not the auditor's to see
+    assert "1 held for review" in page
