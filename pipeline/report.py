@@ -20,7 +20,7 @@ from typing import Any
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
-from assets.transforms.render import figure_png_matplotlib, new_figure
+from assets.transforms.render import figure_png, new_figure
 from pipeline.status import views
 from resources.files import write_atomic
 from resources.ledger import Checkpoint, Ledger
@@ -100,18 +100,23 @@ def _region_names() -> dict[str, str]:
 
 
 def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
-    """Everything the page shows, read from the ledger's views (a dozen aggregate queries)."""
+    """Everything the page shows, read from the ledger's views (a dozen aggregate queries).
+
+    The grid (one small row a partition) is read once; the headline counts and the per-region
+    table are counted from it rather than read again.
+    """
     v = views(ledger)
     hidden = v.hidden_phases()
     total, attention = v.attention(MAX_ATTENTION_ROWS)
+    grid = v.grid()
     return ReportData(
         now=dt.datetime.now(dt.UTC),
-        summary=v.summary(),
-        grid=v.grid(),
+        summary=_counts(grid),
+        grid=grid,
         phase_counts=v.phase_counts(stale_after=STALE_PENDING),
         attention_total=total,
         attention=attention,
-        regions=v.regions(),
+        regions=[_counts(cells, region=r) for r, cells in sorted(_by_region(grid).items())],
         region_names=_region_names(),
         event_counts=v.event_counts(),
         durations=v.durations(),
@@ -119,11 +124,28 @@ def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
         revisions=v.latest_receipts(MAX_REVISION_ROWS),
         recent_events=v.recent_events(MAX_EVENT_ROWS),
         last_delivery_at=v.last_delivery_at(),
-        held=v.held(),
+        held=v.held([f"{c.day}|{c.region}" for c in grid if c.held]) if any(c.held for c in grid) else [],
         dead_letters=v.dead_letters(dead_letter_after),
         dead_letter_after=dead_letter_after,
         hidden_phases=hidden,
     )
+
+
+def _by_region(grid: list[GridCell]) -> dict[str, list[GridCell]]:
+    out: dict[str, list[GridCell]] = {}
+    for c in grid:
+        out.setdefault(c.region, []).append(c)
+    return out
+
+
+def _counts(cells: list[GridCell], *, region: str | None = None) -> StatusSummary:
+    """The partitions of ``cells`` counted by tier, failure, pending, hold and quality."""
+    by_tier = dict.fromkeys(range(LAST_TIER + 1), 0)
+    by_tier.update(Counter(c.tier for c in cells))
+    fields = dict(partitions=len(cells), by_tier=by_tier, with_failure=sum(c.failed for c in cells),
+                  with_pending=sum(c.pending for c in cells), held=sum(c.held for c in cells),
+                  by_quality=dict(Counter(c.quality for c in cells if c.quality)))
+    return StatusSummary(**fields) if region is None else RegionCounts(region=region, **fields)
 
 
 # ---- pictures ---------------------------------------------------------------------------------
@@ -286,7 +308,7 @@ def heatmap_png(data: ReportData) -> bytes:
     _draw_cells(ax, g, width, height)
     _label_axes(ax, g, width, height)
     _heat_legend(fig)
-    return figure_png_matplotlib(canvas)
+    return figure_png(canvas)
 
 
 def quality_grid(data: ReportData) -> HeatGrid:
@@ -332,7 +354,7 @@ def quality_png(data: ReportData) -> bytes:
     handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", hatch="////", label="not graded yet"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="quality",
                title_fontsize=9, alignment="left")
-    return figure_png_matplotlib(canvas)
+    return figure_png(canvas)
 
 
 def _stall_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
@@ -426,7 +448,7 @@ def phases_png(data: ReportData) -> bytes:
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1.25, 1])
     _stall_bars(ax, data)
     _duration_bars(ax2, data)
-    return figure_png_matplotlib(canvas)
+    return figure_png(canvas)
 
 
 # ---- html -------------------------------------------------------------------------------------

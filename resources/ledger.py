@@ -442,6 +442,10 @@ class Ledger:
         """
         return self._run(fn, what=what, single=True)
 
+    def read_in_transaction(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """Run the read-only ``fn(conn)`` in one transaction (no durable commit), retrying transient errors."""
+        return self._run(fn, what=what, durable=False)
+
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
         """A pooled connection of one's own for a while (a streaming read); no retries."""

@@ -17,7 +17,7 @@ its one definition.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -84,6 +84,7 @@ class GridCell:
     failed: bool
     pending: bool
     quality: str | None = None  # present's signal quality, None before present ran
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,10 @@ class LedgerViews:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._requests: dict[str, int] = {}  # a person's read: the logged request of each kind read
+        self._uses: list[int] = []  # requests the next read names in its transaction
 
-    #: placeholder -> (the table the pipeline reads, the ``ledger_read`` read a person's goes through)
+    #: placeholder -> (the table the pipeline reads, the ``ledger_read`` view a person's read goes through)
     SOURCES: dict[str, tuple[str, str]] = {
         "ps": ("partition_state", "partitions"), "cp": ("checkpoints", "checkpoints"),
         "ev": ("checkpoint_events", "events"), "rc": ("receipts", "receipts"),
@@ -179,26 +182,43 @@ class LedgerViews:
 
     def _q(self, text: str, **parts: sql.Composable) -> sql.Composed:
         """``text`` with its sources filled in: ``{ps}``, ``{cp}``, ``{ev}``, ``{rc}`` are the tables
-        themselves for the pipeline, and for an audited ledger (a person's reads) a logged read
-        request of ``ledger_read`` each (migration 007), opened and committed before the query
-        runs. Other ``{name}`` fields come from ``parts``."""
+        themselves for the pipeline. For an audited ledger (a person's reads) they are the views of
+        ``ledger_read`` (migration 007), each through a logged read request, opened and committed
+        once per kind for this object, and named by the transaction of the next read
+        (:meth:`_read`). Other ``{name}`` fields come from ``parts``."""
         import string
 
         names = {f for _, f, _, _ in string.Formatter().parse(text) if f}
         for name in names & set(self.SOURCES):
             table, what = self.SOURCES[name]
             if self.ledger.audited:
-                parts[name] = sql.SQL("ledger_read.{}({})").format(sql.Identifier(what),
-                                                                    sql.Literal(self.ledger.open_read(what)))
+                if what not in self._requests:
+                    self._requests[what] = self.ledger.open_read(what)
+                self._uses.append(self._requests[what])
+                parts[name] = sql.Identifier("ledger_read", what)
             else:
                 parts[name] = sql.Identifier(table)
         return sql.SQL(text).format(**parts)
+
+    def _read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """Run the read ``fn(conn)``: for a person's read in one transaction that first names the
+        requests its queries read through (``ledger_read.use``)."""
+        uses, self._uses = sorted(set(self._uses)), []
+        if not uses:
+            return self.ledger.read(fn, what=what)
+
+        def txn(conn: psycopg.Connection) -> T:
+            for request in uses:
+                conn.execute("SELECT ledger_read.use(%s)", (request,))
+            return fn(conn)
+
+        return self.ledger.read_in_transaction(txn, what=what)
 
     def hidden_phases(self) -> list[str]:
         """The phases whose checkpoints the ledger's role may not read (none for the pipeline)."""
         if not self.ledger.audited:
             return []
-        return [r[0] for r in self.ledger.read(
+        return [r[0] for r in self._read(
             lambda c: c.execute("SELECT phase FROM phase_order WHERE NOT ledger_may_read(phase, current_user)"
                                 " ORDER BY position").fetchall(), what="read the access policy")]
 
@@ -226,7 +246,7 @@ class LedgerViews:
             with conn.cursor(row_factory=class_row(row)) as cur:
                 return cur.execute(query, params).fetchall()  # type: ignore[arg-type]
 
-        return self.ledger.read(q, what=what)
+        return self._read(q, what=what)
 
     # ---- status ----------------------------------------------------------------------------
     def partitions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[PartitionRow]:
@@ -254,7 +274,10 @@ class LedgerViews:
                         " ELSE '[]' END)::text"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
                         after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
+        uses, self._uses = sorted(set(self._uses)), []
         with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
+            for request in uses:
+                conn.execute("SELECT ledger_read.use(%s)", (request,))
             cur.itersize = STREAM_BATCH
             cur.execute(query)
             for (text,) in cur:
@@ -272,7 +295,7 @@ class LedgerViews:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
             return int(last), conn.execute(query).fetchall(), conn.execute(quality).fetchall()
 
-        last, rows, grades = self.ledger.read(q, what="summarize the partitions")
+        last, rows, grades = self._read(q, what="summarize the partitions")
         by_tier = dict.fromkeys(range(last + 1), 0)
         for tier, n, *_ in rows:
             by_tier[int(tier)] = int(n)
@@ -283,7 +306,7 @@ class LedgerViews:
     def grid(self, flt: StatusFilter = ALL_PARTITIONS) -> list[GridCell]:
         """(region, day, tier, failed, pending) of every selected partition, for the heat map."""
         query = self._q("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending,"
-                        " s.signal_quality AS quality FROM {ps} s WHERE {where}", where=self._where(flt))
+                        " s.signal_quality AS quality, s.held FROM {ps} s WHERE {where}", where=self._where(flt))
         return self._rows(query, GridCell, "read the partition grid")
 
     def regions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[RegionCounts]:
@@ -295,7 +318,7 @@ class LedgerViews:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
             return int(last), conn.execute(query).fetchall()
 
-        last, rows = self.ledger.read(q, what="count partitions per region")
+        last, rows = self._read(q, what="count partitions per region")
         out = []
         for region, n, failed, pending, tiers in rows:
             by_tier = dict.fromkeys(range(last + 1), 0)
@@ -331,7 +354,7 @@ class LedgerViews:
             with conn.cursor(row_factory=dict_row) as cur:
                 return cur.execute(query).fetchall()
 
-        rows = self.ledger.read(q, what="find the partitions that need attention")
+        rows = self._read(q, what="find the partitions that need attention")
         states = {"FAILED": "FAILED", "PENDING": "PENDING", "COMPLETED": "stale (upstream changed)", None: "not run"}
         out = [AttentionRow(
             partition_key=r["partition_key"], region=r["region_id"], day=r["day"], tier=int(r["tier"]),
@@ -345,7 +368,7 @@ class LedgerViews:
 
     def phase_order(self) -> list[tuple[str, int, str]]:
         """(phase, position, tier label) as the ledger's schema knows them."""
-        return self.ledger.read(
+        return self._read(
             lambda c: c.execute("SELECT phase, position, tier_label FROM phase_order ORDER BY position").fetchall(),
             what="read the phase order")
 
@@ -361,23 +384,28 @@ class LedgerViews:
     def event_counts(self) -> dict[tuple[str, str], int]:
         """(phase, status) -> number of checkpoint events."""
         query = self._q("SELECT phase, status, count(*) FROM {ev} e GROUP BY phase, status")
-        rows = self.ledger.read(lambda c: c.execute(query).fetchall(), what="count checkpoint events")
+        rows = self._read(lambda c: c.execute(query).fetchall(), what="count checkpoint events")
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
     def durations(self) -> dict[str, PhaseDurations]:
         """Per phase: attempts from claim (PENDING event) to COMPLETED, their percentiles, and failures."""
+        # One pass with a window (the claim's time beside each of its outcomes) rather than a join of
+        # the events with themselves, which a person's read through the ledger_read view could not
+        # serve from an index.
         query = self._q(
-            "SELECT e.phase,"
-            " count(*) FILTER (WHERE e.status = 'COMPLETED') AS n,"
-            " count(*) FILTER (WHERE e.status = 'FAILED') AS failed,"
-            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
-            "   FILTER (WHERE e.status = 'COMPLETED') AS p50,"
-            " percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - p.at))"
-            "   FILTER (WHERE e.status = 'COMPLETED') AS p90,"
-            " max(extract(epoch FROM e.at - p.at)) FILTER (WHERE e.status = 'COMPLETED') AS max"
-            " FROM {ev} e JOIN {ev} p"
-            "   ON p.checkpoint_id = e.checkpoint_id AND p.seq = e.seq AND p.status = 'PENDING'"
-            " WHERE e.status IN ('COMPLETED', 'FAILED') GROUP BY e.phase"
+            "SELECT x.phase,"
+            " count(*) FILTER (WHERE x.status = 'COMPLETED') AS n,"
+            " count(*) FILTER (WHERE x.status = 'FAILED') AS failed,"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM x.at - x.started))"
+            "   FILTER (WHERE x.status = 'COMPLETED') AS p50,"
+            " percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM x.at - x.started))"
+            "   FILTER (WHERE x.status = 'COMPLETED') AS p90,"
+            " max(extract(epoch FROM x.at - x.started)) FILTER (WHERE x.status = 'COMPLETED') AS max"
+            " FROM (SELECT e.phase, e.status, e.at, min(e.at) FILTER (WHERE e.status = 'PENDING')"
+            "         OVER (PARTITION BY e.checkpoint_id, e.seq) AS started"
+            "       FROM {ev} e WHERE e.checkpoint_id IS NOT NULL"
+            "         AND e.status IN ('PENDING', 'COMPLETED', 'FAILED')) x"
+            " WHERE x.status IN ('COMPLETED', 'FAILED') AND x.started IS NOT NULL GROUP BY x.phase"
         )
 
         return {d.phase: d for d in self._rows(query, PhaseDurations, "measure phase durations")}
@@ -389,12 +417,12 @@ class LedgerViews:
     def last_event_id(self) -> int:
         """The id of the newest checkpoint event (0 when there is none)."""
         query = self._q("SELECT coalesce(max(event_id), 0) FROM {ev} e")
-        return int(self.ledger.read(lambda c: c.execute(query).fetchone()[0], what="read the newest event id"))
+        return int(self._read(lambda c: c.execute(query).fetchone()[0], what="read the newest event id"))
 
     def last_event_ids(self, partition_keys: Sequence[str]) -> dict[str, int]:
         """partition key -> id of its newest checkpoint event (keys without events are left out)."""
         query = self._q("SELECT partition_key, max(event_id) FROM {ev} e WHERE partition_key = ANY(%s) GROUP BY partition_key")
-        rows = self.ledger.read(lambda c: c.execute(query, (list(partition_keys),)).fetchall(),
+        rows = self._read(lambda c: c.execute(query, (list(partition_keys),)).fetchall(),
                                 what="read the newest event of partitions")
         return {r[0]: int(r[1]) for r in rows}
 
@@ -402,12 +430,12 @@ class LedgerViews:
         """phase -> seconds its head checkpoints took from claim to completion, summed."""
         query = self._q("SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8"
                         " FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED' GROUP BY phase")
-        rows = self.ledger.read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
+        rows = self._read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
 
     def other_connections(self) -> int:
         """Sessions connected to the ledger's database now, besides the one asking."""
-        return int(self.ledger.read(
+        return int(self._read(
             lambda c: c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                                 " AND pid <> pg_backend_pid()").fetchone()[0], what="count connections"))
 
@@ -418,11 +446,14 @@ class LedgerViews:
                                   " AND failures >= %s ORDER BY day, region_id, phase"),
                           Checkpoint, "read the dead letters", (limit,))
 
-    def held(self) -> list[Checkpoint]:
-        """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first."""
+    def held(self, keys: Sequence[str] | None = None) -> list[Checkpoint]:
+        """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first;
+        with ``keys``, of those partitions only (found held by :meth:`grid`: an index lookup)."""
+        where = "" if keys is None else " AND partition_key = ANY(%s)"
+        params: tuple[Any, ...] = () if keys is None else (list(keys),)
         return self._rows(self._q("SELECT * FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED'"
-                                  " AND summary ? 'held' ORDER BY day, region_id, phase"),
-                          Checkpoint, "read the held batches")
+                                  " AND summary ? 'held'" + where + " ORDER BY day, region_id, phase"),
+                          Checkpoint, "read the held batches", params)
 
     # ---- receipts ----------------------------------------------------------------------------
     def receipt_counts(self) -> list[ReceiptCounts]:
@@ -446,4 +477,4 @@ class LedgerViews:
 
     def last_delivery_at(self) -> dt.datetime | None:
         query = self._q("SELECT max(coalesce(delivered_at, created_at)) FROM {rc} r")
-        return self.ledger.read(lambda c: c.execute(query).fetchone()[0], what="read the last delivery time")
+        return self._read(lambda c: c.execute(query).fetchone()[0], what="read the last delivery time")

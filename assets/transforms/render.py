@@ -1,5 +1,5 @@
 """Deterministic matplotlib drawings for the present phase's report, and the figure and PNG helpers
-of every picture in the project (:func:`new_figure`, :func:`figure_png`, :func:`figure_png_matplotlib`).
+of every picture in the project (:func:`new_figure`, :func:`figure_png`).
 
 The drawings return PNG bytes that depend only on their arguments: the figures are drawn with
 the object-oriented API on an Agg canvas (no pyplot, so no global figure registry), inside a
@@ -19,7 +19,6 @@ give larger files than unfiltered rows).
 from __future__ import annotations
 
 import gc
-import io
 import math
 import struct
 import zlib
@@ -144,14 +143,6 @@ def figure_png(canvas: FigureCanvasAgg) -> bytes:
     """Draw the canvas's figure and encode it with :func:`encode_png`."""
     canvas.draw()
     return encode_png(np.asarray(canvas.buffer_rgba()), dpi=canvas.figure.dpi)
-
-
-def figure_png_matplotlib(canvas: FigureCanvasAgg) -> bytes:
-    """Draw the canvas's figure and encode it with matplotlib's own PNG writer (Pillow, adaptive row
-    filters), leaving out its ``Software`` text chunk: the encoding of the report page's pictures."""
-    buf = io.BytesIO()
-    canvas.print_png(buf, metadata={"Software": None})
-    return buf.getvalue()
 
 
 def _note(ax: Axes, text: str, *, fontsize: float) -> None:

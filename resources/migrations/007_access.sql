@@ -13,15 +13,15 @@
 --    receipts (present) and operator_actions; and on partition_state, which holds every phase's
 --    entry. resume_worker reads and writes every row; any other role holding a grant on a table
 --    sees the rows of the phases the policy gives it.
--- 4. Reader roles hold no grant on those tables. They read through the functions of schema
---    ledger_read, two steps a read:
---      SELECT ledger_read.open('checkpoints', ARRAY['present']);   -- its own transaction
---      SELECT * FROM ledger_read.checkpoints(<request>);
+-- 4. Reader roles hold no grant on those tables. They read through the views of schema
+--    ledger_read, a read in two transactions:
+--      SELECT ledger_read.open('checkpoints', ARRAY['present']);   -- one transaction: the log
+--      BEGIN; SELECT ledger_read.use(<request>); SELECT * FROM ledger_read.checkpoints; COMMIT;
 --    open() writes one checkpoint_access_log row per phase asked for, allowed or denied, and
---    returns the request id. A read function serves a request only once the transaction that
---    logged it has committed, so no read happens without a log row that a rollback can no longer
---    take back. A request that names a denied phase fails at the read (the denial is logged
---    already); a request for every phase returns the rows of the allowed ones.
+--    returns the request id. A view serves a request only once the transaction that logged it
+--    has committed, so no read happens without a log row that a rollback can no longer take
+--    back. A request that names a denied phase fails at use() (the denial is logged already); a
+--    request for every phase reads the rows of the allowed ones.
 
 DO $$
 DECLARE
@@ -190,78 +190,80 @@ BEGIN
     partition_key := r.part;
 END $$;
 
-CREATE FUNCTION ledger_read.checkpoints(p_request bigint) RETURNS SETOF checkpoints
+-- Makes request p_request the one this transaction reads its kind through (the views below).
+-- Transaction-local: every transaction that reads names its request again. (The setting is made
+-- by a plain SQL function: a function with a SET clause undoes every setting made inside it.)
+CREATE FUNCTION ledger_read.checked(p_request bigint) RETURNS text
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE g record;
+DECLARE
+    w text := (SELECT min(l.what) FROM checkpoint_access_log l WHERE l.request_id = p_request);
 BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'checkpoints');
-    RETURN QUERY SELECT c.* FROM checkpoints c
-        WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
+    IF w IS NULL THEN
+        RAISE EXCEPTION 'no read request %', p_request USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM ledger_read.granted(p_request, w);  -- the caller's, committed, not expired, no denied phase
+    RETURN w;
+END $$;
+CREATE FUNCTION ledger_read.use(p_request bigint) RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT x.w FROM (SELECT ledger_read.checked(p_request) AS w) x,
+                    LATERAL pg_catalog.set_config('stormlake.read.' || x.w, p_request::text, true) AS done
+$$;
+
+-- The grant a view reads through: the request this transaction uses for p_what (checked again).
+CREATE FUNCTION ledger_read.grant_for(p_what text, OUT phases text[], OUT hidden text[], OUT partition_key text)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    req bigint := nullif(current_setting('stormlake.read.' || p_what, true), '')::bigint;
+BEGIN
+    IF req IS NULL THEN
+        RAISE EXCEPTION 'no % read request in this transaction', p_what USING ERRCODE = 'insufficient_privilege',
+            HINT = format('SELECT ledger_read.open(%L) in a transaction of its own, then in the reading transaction'
+                          ' SELECT ledger_read.use(<its request id>)', p_what);
+    END IF;
+    SELECT g.phases, g.partition_key INTO phases, partition_key FROM ledger_read.granted(req, p_what) g;
+    hidden := ARRAY(SELECT o.phase FROM phase_order o WHERE o.phase <> ALL (phases));
 END $$;
 
-CREATE FUNCTION ledger_read.events(p_request bigint) RETURNS SETOF checkpoint_events
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE g record;
-BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'events');
-    RETURN QUERY SELECT e.* FROM checkpoint_events e
-        WHERE e.phase = ANY (g.phases) AND (g.partition_key IS NULL OR e.partition_key = g.partition_key);
-END $$;
+-- The views: the rows of the granted phases only. They run with their owner's rights on the
+-- tables (readers hold none); security_barrier keeps a reader's own functions from seeing a row
+-- before the view has filtered it. grant_for is called once a query (a one-row function scan).
+CREATE VIEW ledger_read.checkpoints WITH (security_barrier) AS
+    SELECT c.* FROM checkpoints c, ledger_read.grant_for('checkpoints') g
+    WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
 
-CREATE FUNCTION ledger_read.calls(p_request bigint) RETURNS SETOF recorded_calls
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE g record;
-BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'calls');
-    RETURN QUERY SELECT rc.* FROM recorded_calls rc JOIN checkpoints c ON c.id = rc.checkpoint_id
-        WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
-END $$;
+CREATE VIEW ledger_read.events WITH (security_barrier) AS
+    SELECT e.* FROM checkpoint_events e, ledger_read.grant_for('events') g
+    WHERE e.phase = ANY (g.phases) AND (g.partition_key IS NULL OR e.partition_key = g.partition_key);
 
-CREATE FUNCTION ledger_read.receipts(p_request bigint) RETURNS SETOF receipts
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE g record;
-BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'receipts');
-    RETURN QUERY SELECT r.* FROM receipts r
-        WHERE 'present' = ANY (g.phases) AND (g.partition_key IS NULL OR r.partition_key = g.partition_key);
-END $$;
+CREATE VIEW ledger_read.calls WITH (security_barrier) AS
+    SELECT rc.* FROM recorded_calls rc JOIN checkpoints c ON c.id = rc.checkpoint_id, ledger_read.grant_for('calls') g
+    WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
 
-CREATE FUNCTION ledger_read.actions(p_request bigint) RETURNS SETOF operator_actions
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE g record;
-BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'actions');
-    RETURN QUERY SELECT a.* FROM operator_actions a
-        WHERE (a.phase IS NULL OR a.phase = ANY (g.phases))
-          AND (g.partition_key IS NULL OR a.partition_key = g.partition_key);
-END $$;
+CREATE VIEW ledger_read.receipts WITH (security_barrier) AS
+    SELECT r.* FROM receipts r, ledger_read.grant_for('receipts') g
+    WHERE 'present' = ANY (g.phases) AND (g.partition_key IS NULL OR r.partition_key = g.partition_key);
+
+CREATE VIEW ledger_read.actions WITH (security_barrier) AS
+    SELECT a.* FROM operator_actions a, ledger_read.grant_for('actions') g
+    WHERE (a.phase IS NULL OR a.phase = ANY (g.phases))
+      AND (g.partition_key IS NULL OR a.partition_key = g.partition_key);
 
 -- partition_state with only the allowed phases' entries: the deliveries, quality and hold belong
 -- to present; failed and pending say what the allowed phases show. The tier is the partition's.
-CREATE FUNCTION ledger_read.partitions(p_request bigint) RETURNS SETOF partition_state
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE
-    g record;
-    hidden text[];
-    present boolean;
-BEGIN
-    SELECT * INTO g FROM ledger_read.granted(p_request, 'partitions');
-    hidden := ARRAY(SELECT phase FROM phase_order WHERE phase <> ALL (g.phases));
-    present := 'present' = ANY (g.phases);
-    RETURN QUERY
+CREATE VIEW ledger_read.partitions WITH (security_barrier) AS
     SELECT s.partition_key, s.region_id, s.day, s.tier, s.tier_label,
-           CASE WHEN hidden = '{}' THEN s.failed
-                ELSE EXISTS (SELECT 1 FROM jsonb_each(s.phases - hidden) e WHERE e.value->>'status' = 'FAILED') END,
-           CASE WHEN hidden = '{}' THEN s.pending
-                ELSE EXISTS (SELECT 1 FROM jsonb_each(s.phases - hidden) e WHERE e.value->>'status' = 'PENDING') END,
-           s.phases - hidden,
-           CASE WHEN present THEN s.deliveries ELSE '[]'::jsonb END,
+           CASE WHEN g.hidden = '{}' THEN s.failed
+                ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'FAILED') END AS failed,
+           CASE WHEN g.hidden = '{}' THEN s.pending
+                ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'PENDING') END AS pending,
+           s.phases - g.hidden AS phases,
+           CASE WHEN 'present' = ANY (g.phases) THEN s.deliveries ELSE '[]'::jsonb END AS deliveries,
            s.updated_at,
-           CASE WHEN present THEN s.signal_quality END,
-           CASE WHEN present THEN s.held ELSE false END
-    FROM partition_state s
+           CASE WHEN 'present' = ANY (g.phases) THEN s.signal_quality END AS signal_quality,
+           CASE WHEN 'present' = ANY (g.phases) THEN s.held ELSE false END AS held
+    FROM partition_state s, ledger_read.grant_for('partitions') g
     WHERE g.partition_key IS NULL OR s.partition_key = g.partition_key;
-END $$;
 
+GRANT SELECT ON ALL TABLES IN SCHEMA ledger_read TO resume_worker, ops_reader, compliance_auditor, admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_read FROM PUBLIC;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger_read TO resume_worker, ops_reader, compliance_auditor, admin;

@@ -109,18 +109,26 @@ def test_raw_sql_as_each_role_reads_only_its_phases_and_every_attempt_is_logged(
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
         # Through ledger_read: the request is logged (allowed or not) and committed, then read.
-        for what, fn in (("checkpoints", "checkpoints"), ("events", "events"), ("calls", "calls")):
+        for what in ("checkpoints", "events", "calls"):
             req = conn.execute("SELECT ledger_read.open(%s, %s)", (what, [phase])).fetchone()[0]
             assert _log(dsn, req) == [(role, phase, what, allowed)]
-            query = sql.SQL("SELECT count(*) FROM ledger_read.{}(%s)").format(sql.Identifier(fn))
+            view = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("ledger_read", what))
             if allowed:
-                assert conn.execute(query, (req,)).fetchone()[0] >= 1
+                with conn.transaction():
+                    assert conn.execute("SELECT ledger_read.use(%s)", (req,)).fetchone()[0] == what
+                    assert conn.execute(view).fetchone()[0] >= 1
             else:
-                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"may not read the {what} of phase"):
-                    conn.execute(query, (req,))
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"may not read the {what} of phase"), \
+                        conn.transaction():
+                    conn.execute("SELECT ledger_read.use(%s)", (req,))
+            # Without a request named in its transaction a view gives nothing but an error.
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"no {what} read request"):
+                conn.execute(view)
         # Receipts belong to present.
         req = conn.execute("SELECT ledger_read.open('receipts')").fetchone()[0]
-        n = conn.execute("SELECT count(*) FROM ledger_read.receipts(%s)", (req,)).fetchone()[0]
+        with conn.transaction():
+            conn.execute("SELECT ledger_read.use(%s)", (req,))
+            n = conn.execute("SELECT count(*) FROM ledger_read.receipts").fetchone()[0]
         assert n == (3 if "present" in MAY_READ[role] else 0)
         assert _log(dsn, req) == [(role, "present", "receipts", "present" in MAY_READ[role])]
 
@@ -131,13 +139,14 @@ def test_a_read_in_the_transaction_that_logs_it_is_refused(published: Ledger, ro
     with as_role(published.dsn, role) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not committed"), conn.transaction():
             req = conn.execute("SELECT ledger_read.open('checkpoints')").fetchone()[0]
-            conn.execute("SELECT * FROM ledger_read.checkpoints(%s)", (req,))
+            conn.execute("SELECT ledger_read.use(%s)", (req,))
         # Another role's request is not one's own.
         other = "admin" if role != "admin" else "ops_reader"
         with as_role(published.dsn, other) as them:
             theirs = them.execute("SELECT ledger_read.open('checkpoints')").fetchone()[0]
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="no checkpoints read request"):
-            conn.execute("SELECT * FROM ledger_read.checkpoints(%s)", (theirs,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="no checkpoints read request"), \
+                conn.transaction():
+            conn.execute("SELECT ledger_read.use(%s)", (theirs,))
 
 
 @pytest.mark.parametrize("role", sorted(MAY_READ))

@@ -205,3 +205,13 @@ def test_a_large_ledger_shows_a_summary_and_what_needs_attention(year: Ledger) -
     # a filtered listing shows the partitions themselves
     listed = list(render_table(year, StatusFilter(failed=True), filtered=True))
     assert len([ln for ln in listed if ln[:4] == "2026"]) == 8 and listed[-1] == "8 partitions; 0 published"
+
+
+def test_the_reports_counts_from_the_grid_equal_the_views_counts(year: Ledger) -> None:
+    """The report counts its headline and per-region table from the grid it reads anyway."""
+    from pipeline.report import _by_region, _counts
+
+    v = views(year)
+    grid = v.grid()
+    assert _counts(grid) == v.summary()
+    assert [_counts(cells, region=r) for r, cells in sorted(_by_region(grid).items())] == v.regions()
