@@ -236,7 +236,8 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         counts = Counter(ev.status for ev in events)
         lines.append(f"events {events[0].event_id}..{events[-1].event_id}: "
                      + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    published = []
+    published: list[str] = []
+    held: list[str] = []
     for ev in events:
         if ev.status == "FAILED":
             lines.append(f"FAILED {ev.phase} of {ev.partition_key} (attempt {ev.attempt}, run {ev.run_id}): "
@@ -244,10 +245,15 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         elif ev.status == "COMPLETED":
             if ev.phase in NEXT_PHASE:
                 candidates[ev.partition_key] = Pending.of(ev)
+            elif ev.tier is not None and ev.tier < PHASES[-1].tier:
+                held.append(ev.partition_key)  # graded noisy: written, not delivered (stormlake review)
             else:
                 published.append(ev.partition_key)
     if published:
         lines.append(f"published: {', '.join(published[:20])}" + (" …" if len(published) > 20 else ""))
+    if held:
+        lines.append(f"held for review (noisy; stormlake review): {', '.join(held[:20])}"
+                     + (" …" if len(held) > 20 else ""))
     after = events[-1].event_id if events else cursor.after
     if not candidates:
         return OutboxDecision(OutboxCursor(after, {}), [], lines)
