@@ -221,11 +221,20 @@ class PhaseRunner:
         return ih, basis
 
     def _release_of(self, phase: Phase, part: PartitionRef, prior: Checkpoint | None, ih: str) -> dict[str, Any] | None:
-        """The operator's release of ``prior``, when it is a held head on these very inputs."""
-        if (prior is None or prior.status != "COMPLETED" or prior.input_hash != ih
-                or not (prior.summary or {}).get("held")):
+        """The operator's release that this run of ``phase`` carries out, if any.
+
+        A release names the held head's natural input hash (a head held by a forced re-run has a
+        hash of its own). It applies while the head is that held checkpoint, or an attempt of the
+        released run that failed or was cut short, and until a COMPLETED checkpoint has carried it
+        out (:meth:`Ledger.release_of`); the head of every other run is left to the usual skip.
+        """
+        if prior is None:
             return None
-        return self.ledger.release_of(part.key, phase.name, prior.input_hash)
+        summary = prior.summary or {}
+        if prior.status == "COMPLETED" and (
+                not summary.get("held") or summary.get("natural_input_hash", prior.input_hash) != ih):
+            return None
+        return self.ledger.release_of(part.key, phase.name, ih)
 
     def _would_skip(self, phase: Phase, part: PartitionRef, heads: dict[str, Checkpoint]) -> bool:
         """Whether ``phase`` would skip given the partition's head checkpoints (as :meth:`run` decides)."""

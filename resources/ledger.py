@@ -764,9 +764,10 @@ class Ledger:
                 "UPDATE checkpoints SET failures = 0, updated_at = now() WHERE partition_key = %(key)s"
                 " AND superseded_at IS NULL AND status = 'FAILED' AND failures > 0 RETURNING phase",
                 {"key": partition_key}))
+            # The held head, by its natural input hash (a head held by a forced re-run has its own).
             held = conn.execute(
-                "SELECT phase, input_hash, summary->'held' FROM checkpoints WHERE partition_key = %(key)s"
-                " AND superseded_at IS NULL AND status = 'COMPLETED' AND summary ? 'held'",
+                "SELECT phase, coalesce(summary->>'natural_input_hash', input_hash), summary->'held' FROM checkpoints"
+                " WHERE partition_key = %(key)s AND superseded_at IS NULL AND status = 'COMPLETED' AND summary ? 'held'",
                 {"key": partition_key}).fetchone()
             detail: dict[str, Any] = {"phases": phases}
             if held is not None:
@@ -778,13 +779,18 @@ class Ledger:
         return self._run(txn, what=f"release {partition_key}")
 
     def release_of(self, partition_key: str, phase: str, input_hash: str) -> dict[str, Any] | None:
-        """The latest release of the held ``phase`` head with ``input_hash``: action id, who, why, when."""
+        """The latest release of a ``phase`` head held on the natural ``input_hash`` that no
+        COMPLETED checkpoint has carried out yet: action id, who, why, when. (A release is used
+        once: a batch held again on the same inputs later waits for a release of its own.)"""
 
         def q(conn: psycopg.Connection) -> dict[str, Any] | None:
             row = conn.execute(
-                "SELECT action_id, actor, reason, at FROM operator_actions WHERE partition_key = %(key)s"
-                " AND action = 'release' AND phase = %(phase)s AND detail->'held'->>'input_hash' = %(ih)s"
-                " ORDER BY action_id DESC LIMIT 1", {"key": partition_key, "phase": phase, "ih": input_hash},
+                "SELECT a.action_id, a.actor, a.reason, a.at FROM operator_actions a WHERE a.partition_key = %(key)s"
+                " AND a.action = 'release' AND a.phase = %(phase)s AND a.detail->'held'->>'input_hash' = %(ih)s"
+                " AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.partition_key = a.partition_key"
+                "   AND c.phase = a.phase AND c.status = 'COMPLETED'"
+                "   AND c.summary->'released'->>'action_id' = a.action_id::text)"
+                " ORDER BY a.action_id DESC LIMIT 1", {"key": partition_key, "phase": phase, "ih": input_hash},
             ).fetchone()
             if row is None:
                 return None

@@ -338,15 +338,21 @@ class LedgerViews:
             "     AS failed_phases"
             "   FROM {ps} s WHERE ({where}) AND (s.failed OR s.tier < (SELECT max(position) FROM o))),"
             " held AS (SELECT need.*, coalesce(need.failed_phases[1], (SELECT o.phase FROM o WHERE o.position ="
-            "   least(need.tier + 1, (SELECT max(position) FROM o)))) AS phase FROM need)"
+            "   least(need.tier + 1, (SELECT max(position) FROM o)))) AS phase FROM need),"
+            # the heads of those partitions, read once (a person's read goes through a view that
+            # cannot be probed by key): the held-at phase's head, and the latest run of any head
+            " heads AS (SELECT x.partition_key, x.phase, x.status, x.attempt, x.error_class, x.error_message,"
+            "   x.updated_at, x.run_id, row_number() OVER (PARTITION BY x.partition_key"
+            "     ORDER BY x.updated_at DESC) AS newest"
+            "   FROM {cp} x WHERE x.superseded_at IS NULL AND x.partition_key IN (SELECT partition_key FROM held)),"
+            " last_run AS (SELECT partition_key, run_id FROM heads WHERE newest = 1)"
             " SELECT held.partition_key, held.region_id, held.day, held.tier, held.phase, held.failed_phases,"
             "   c.status, c.attempt, c.error_class, c.error_message, c.updated_at,"
-            "   coalesce(c.run_id, (SELECT x.run_id FROM {cp} x WHERE x.partition_key = held.partition_key"
-            "     AND x.superseded_at IS NULL ORDER BY x.updated_at DESC LIMIT 1)) AS run_id,"
+            "   coalesce(c.run_id, r.run_id) AS run_id,"
             "   count(*) OVER () AS total,"
             "   CASE c.status WHEN 'FAILED' THEN 0 WHEN 'PENDING' THEN 1 WHEN 'COMPLETED' THEN 2 ELSE 3 END AS rank"
-            " FROM held LEFT JOIN {cp} c ON c.partition_key = held.partition_key AND c.phase = held.phase"
-            "   AND c.superseded_at IS NULL"
+            " FROM held LEFT JOIN heads c ON c.partition_key = held.partition_key AND c.phase = held.phase"
+            "   LEFT JOIN last_run r ON r.partition_key = held.partition_key"
             " ORDER BY rank, held.tier, held.day, held.region_id LIMIT {limit}",
             where=self._where(flt), limit=sql.Literal(int(limit)))
 

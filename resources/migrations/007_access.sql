@@ -137,7 +137,7 @@ CREATE FUNCTION ledger_read.caller() RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text ELSE current_setting('role') END
 $$;
 
-CREATE FUNCTION ledger_read.open(p_what text, p_phases text[] DEFAULT NULL, p_partition text DEFAULT NULL)
+CREATE FUNCTION ledger_read.log_request(p_what text, p_phases text[], p_partition text)
     RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     req bigint := nextval('checkpoint_access_request');
@@ -158,6 +158,15 @@ BEGIN
     RETURN req;
 END $$;
 
+-- Log a read request (one row per phase asked for) and return its id. The transaction's commit
+-- waits for the WAL flush whatever the session says, so a committed log row survives a crash.
+-- (A plain SQL function: a function with a SET clause undoes every setting made inside it.)
+CREATE FUNCTION ledger_read.open(p_what text, p_phases text[] DEFAULT NULL, p_partition text DEFAULT NULL)
+    RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT ledger_read.log_request(p_what, p_phases, p_partition)
+    FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable
+$$;
+
 -- The phases a committed request of the caller's may read (and its partition, if it named one).
 CREATE FUNCTION ledger_read.granted(p_request bigint, p_what text, OUT phases text[], OUT partition_key text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -165,26 +174,27 @@ DECLARE
     who text := ledger_read.caller();
     r record;
 BEGIN
-    SELECT array_agg(l.phase) FILTER (WHERE l.allowed) AS allowed,
-           array_agg(l.phase) FILTER (WHERE NOT l.allowed AND l.named) AS refused,
+    -- The policy as it stands now: a grant revoked since the request was opened no longer reads.
+    SELECT array_agg(l.phase) FILTER (WHERE l.allowed AND ledger_may_read(l.phase, who)) AS allowed,
+           array_agg(l.phase) FILTER (WHERE NOT (l.allowed AND ledger_may_read(l.phase, who)) AND l.named) AS refused,
            bool_and(l.role = who) AS mine, min(l.at) AS at, max(l.xact) AS xact, min(l.partition_key) AS part,
            count(*) AS n
     INTO r FROM checkpoint_access_log l WHERE l.request_id = p_request AND l.what = p_what;
     IF r.n = 0 OR NOT r.mine THEN
-        RAISE EXCEPTION 'no % read request % of role %: call ledger_read.open(%L) first', p_what, p_request, who, p_what
-            USING ERRCODE = 'insufficient_privilege';
+        RAISE EXCEPTION 'no % read request % of role %', p_what, p_request, who
+            USING ERRCODE = 'insufficient_privilege', HINT = format('call ledger_read.open(%L) first', p_what);
     END IF;
     IF pg_xact_status(r.xact) IS DISTINCT FROM 'committed' THEN
         RAISE EXCEPTION 'read request % is not committed: open it in a transaction of its own, then read', p_request
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF r.at < now() - interval '10 minutes' THEN
+    IF r.at < clock_timestamp() - interval '10 minutes' THEN
         RAISE EXCEPTION 'read request % has expired (opened %); open a new one', p_request, r.at
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF r.refused IS NOT NULL THEN
         RAISE EXCEPTION 'role % may not read the % of phase %', who, p_what, array_to_string(r.refused, ', ')
-            USING ERRCODE = 'insufficient_privilege', DETAIL = format('denied and logged as read request %s', p_request);
+            USING ERRCODE = 'insufficient_privilege', DETAIL = format('read request %s (its log rows say what was asked)', p_request);
     END IF;
     phases := coalesce(r.allowed, '{}');
     partition_key := r.part;
@@ -225,44 +235,84 @@ BEGIN
 END $$;
 
 -- The views: the rows of the granted phases only. They run with their owner's rights on the
--- tables (readers hold none); security_barrier keeps a reader's own functions from seeing a row
--- before the view has filtered it. grant_for is called once a query (a one-row function scan).
+-- tables (readers hold none). Each is a subquery behind OFFSET 0, an optimization fence: no
+-- condition of the reader's query is pushed down to the table's scan, so none is evaluated on a
+-- row the view has not let through (not even a leakproof one, whose outcome could otherwise be
+-- told from whether the view's own check ran). The request is checked first, once, by a
+-- condition without columns (a one-time filter, before any row is read), and the grant is read
+-- once more as an InitPlan for the phase test.
+CREATE FUNCTION ledger_read.phases_of(p_what text) RETURNS text[]
+    LANGUAGE sql STABLE AS $$ SELECT g.phases FROM ledger_read.grant_for(p_what) g $$;
+CREATE FUNCTION ledger_read.partition_of(p_what text) RETURNS text
+    LANGUAGE sql STABLE AS $$ SELECT g.partition_key FROM ledger_read.grant_for(p_what) g $$;
+
 CREATE VIEW ledger_read.checkpoints WITH (security_barrier) AS
-    SELECT c.* FROM checkpoints c, ledger_read.grant_for('checkpoints') g
-    WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
+    SELECT * FROM (
+        SELECT c.* FROM checkpoints c
+        WHERE ledger_read.phases_of('checkpoints') IS NOT NULL
+          AND c.phase = ANY ((SELECT ledger_read.phases_of('checkpoints'))::text[])
+          AND coalesce(c.partition_key = (SELECT ledger_read.partition_of('checkpoints')), true)
+        OFFSET 0) v;
 
 CREATE VIEW ledger_read.events WITH (security_barrier) AS
-    SELECT e.* FROM checkpoint_events e, ledger_read.grant_for('events') g
-    WHERE e.phase = ANY (g.phases) AND (g.partition_key IS NULL OR e.partition_key = g.partition_key);
+    SELECT * FROM (
+        SELECT e.* FROM checkpoint_events e
+        WHERE ledger_read.phases_of('events') IS NOT NULL
+          AND e.phase = ANY ((SELECT ledger_read.phases_of('events'))::text[])
+          AND coalesce(e.partition_key = (SELECT ledger_read.partition_of('events')), true)
+        OFFSET 0) v;
 
 CREATE VIEW ledger_read.calls WITH (security_barrier) AS
-    SELECT rc.* FROM recorded_calls rc JOIN checkpoints c ON c.id = rc.checkpoint_id, ledger_read.grant_for('calls') g
-    WHERE c.phase = ANY (g.phases) AND (g.partition_key IS NULL OR c.partition_key = g.partition_key);
+    SELECT * FROM (
+        SELECT rc.* FROM recorded_calls rc JOIN checkpoints c ON c.id = rc.checkpoint_id
+        WHERE ledger_read.phases_of('calls') IS NOT NULL
+          AND c.phase = ANY ((SELECT ledger_read.phases_of('calls'))::text[])
+          AND coalesce(c.partition_key = (SELECT ledger_read.partition_of('calls')), true)
+        OFFSET 0) v;
 
 CREATE VIEW ledger_read.receipts WITH (security_barrier) AS
-    SELECT r.* FROM receipts r, ledger_read.grant_for('receipts') g
-    WHERE 'present' = ANY (g.phases) AND (g.partition_key IS NULL OR r.partition_key = g.partition_key);
+    SELECT * FROM (
+        SELECT r.* FROM receipts r
+        WHERE ledger_read.phases_of('receipts') IS NOT NULL
+          AND 'present' = ANY ((SELECT ledger_read.phases_of('receipts'))::text[])
+          AND coalesce(r.partition_key = (SELECT ledger_read.partition_of('receipts')), true)
+        OFFSET 0) v;
 
+-- An action with no phase (the release of dead letters names them in its detail) is shown only
+-- to a role that may read every phase.
 CREATE VIEW ledger_read.actions WITH (security_barrier) AS
-    SELECT a.* FROM operator_actions a, ledger_read.grant_for('actions') g
-    WHERE (a.phase IS NULL OR a.phase = ANY (g.phases))
-      AND (g.partition_key IS NULL OR a.partition_key = g.partition_key);
+    SELECT * FROM (
+        SELECT a.* FROM operator_actions a
+        WHERE ledger_read.phases_of('actions') IS NOT NULL
+          AND (a.phase = ANY ((SELECT ledger_read.phases_of('actions'))::text[])
+               OR (a.phase IS NULL AND (SELECT count(*) FROM phase_order)
+                                       = cardinality((SELECT ledger_read.phases_of('actions')))))
+          AND coalesce(a.partition_key = (SELECT ledger_read.partition_of('actions')), true)
+        OFFSET 0) v;
 
 -- partition_state with only the allowed phases' entries: the deliveries, quality and hold belong
--- to present; failed and pending say what the allowed phases show. The tier is the partition's.
+-- to present (a role that may not read present sees the tier's own label, not "held"); failed and
+-- pending say what the allowed phases show. The tier is the partition's, shown to every role.
 CREATE VIEW ledger_read.partitions WITH (security_barrier) AS
-    SELECT s.partition_key, s.region_id, s.day, s.tier, s.tier_label,
-           CASE WHEN g.hidden = '{}' THEN s.failed
-                ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'FAILED') END AS failed,
-           CASE WHEN g.hidden = '{}' THEN s.pending
-                ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'PENDING') END AS pending,
-           s.phases - g.hidden AS phases,
-           CASE WHEN 'present' = ANY (g.phases) THEN s.deliveries ELSE '[]'::jsonb END AS deliveries,
-           s.updated_at,
-           CASE WHEN 'present' = ANY (g.phases) THEN s.signal_quality END AS signal_quality,
-           CASE WHEN 'present' = ANY (g.phases) THEN s.held ELSE false END AS held
-    FROM partition_state s, ledger_read.grant_for('partitions') g
-    WHERE g.partition_key IS NULL OR s.partition_key = g.partition_key;
+    SELECT * FROM (
+        SELECT s.partition_key, s.region_id, s.day, s.tier,
+               CASE WHEN 'present' = ANY (g.phases) THEN s.tier_label
+                    ELSE coalesce((SELECT o.tier_label FROM phase_order o WHERE o.position = s.tier), 'not_started')
+               END AS tier_label,
+               CASE WHEN g.hidden = '{}' THEN s.failed
+                    ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'FAILED') END AS failed,
+               CASE WHEN g.hidden = '{}' THEN s.pending
+                    ELSE EXISTS (SELECT 1 FROM unnest(g.phases) p WHERE s.phases->p->>'status' = 'PENDING') END AS pending,
+               s.phases - g.hidden AS phases,
+               CASE WHEN 'present' = ANY (g.phases) THEN s.deliveries ELSE '[]'::jsonb END AS deliveries,
+               s.updated_at,
+               CASE WHEN 'present' = ANY (g.phases) THEN s.signal_quality END AS signal_quality,
+               CASE WHEN 'present' = ANY (g.phases) THEN s.held ELSE false END AS held
+        FROM partition_state s
+        CROSS JOIN (SELECT g0.phases, g0.hidden, g0.partition_key FROM ledger_read.grant_for('partitions') g0) g
+        WHERE ledger_read.phases_of('partitions') IS NOT NULL
+          AND coalesce(s.partition_key = g.partition_key, true)
+        OFFSET 0) v;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA ledger_read TO resume_worker, ops_reader, compliance_auditor, admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_read FROM PUBLIC;

@@ -678,3 +678,63 @@ def test_a_transient_failure_does_not_count_toward_the_dead_letter_limit(sl_env:
     assert claim is not None and ledger.fail(claim, error_class="InputFileError", error_message="bad", run_id=None)
     head = heads_by_phase(ledger)["ingest"]
     assert (head.attempt, head.failures) == (2, 1)
+
+
+def _make_noisy(env: dict[str, str], key: str = KEY) -> None:
+    """Leave out most station-hours of the batch's weather.csv: present grades it noisy."""
+    path = landing_file(env, "weather.csv", key)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([lines[0], *lines[1::4]]))
+
+
+def _delivered(ledger: Ledger) -> list[tuple[str, str, str]]:
+    return sorted((r.artifact_id, r.target, r.status) for r in ledger.receipts(partition_key=KEY))
+
+
+def test_a_batch_held_by_a_forced_rerun_is_delivered_once_by_its_release(sl_env: dict[str, str],
+                                                                        ledger: Ledger) -> None:
+    from assets.runner import Force
+
+    _make_noisy(sl_env)
+    first = materialize(KEY)
+    assert first.success, failure_descriptions(first)
+    held = heads_by_phase(ledger)["present"]
+    assert held.summary["held"]["quality"] == "noisy" and held.summary["delivered"] == [] and held.tier == 3
+    assert _delivered(ledger) == [] and not publish_dir(sl_env).exists()
+
+    forced = materialize(KEY, tags=Force("correlate", "threshold review", "ops", "f1").tags())
+    assert forced.success, failure_descriptions(forced)
+    again = heads_by_phase(ledger)["present"]
+    assert again.id != held.id and "held" in again.summary and again.summary["natural_input_hash"] == held.input_hash
+
+    release = ledger.release(KEY, actor="ops", reason="stations known to be down")
+    assert release.held_phase == "present"
+    done = materialize(KEY)
+    assert done.success, failure_descriptions(done)
+    present = heads_by_phase(ledger)["present"]
+    assert "held" not in present.summary and present.summary["released"]["by"] == "ops"
+    assert present.tier == 4 and len(present.summary["delivered"]) == len(ARTIFACT_KINDS)
+    receipts = _delivered(ledger)
+    assert len(receipts) == len(ARTIFACT_KINDS) and {r[2] for r in receipts} == {"DELIVERED"}
+    # Carried out once: later runs skip and deliver nothing.
+    assert step_outcomes(materialize(KEY)) == dict.fromkeys(ASSETS, "SKIPPED")
+    assert _delivered(ledger) == receipts
+
+
+def test_a_released_batch_whose_delivery_failed_is_delivered_by_the_next_run_not_held_again(
+        sl_env: dict[str, str], ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    _make_noisy(sl_env)
+    assert materialize(KEY).success
+    assert "held" in heads_by_phase(ledger)["present"].summary
+    ledger.release(KEY, actor="ops", reason="checked by hand")
+    monkeypatch.setenv("STORMLAKE_FAULTS", "present.after_pending=raise")
+    assert not materialize(KEY).success
+    assert heads_by_phase(ledger)["present"].status == "FAILED"
+    monkeypatch.delenv("STORMLAKE_FAULTS")
+    retried = materialize(KEY)
+    assert retried.success, failure_descriptions(retried)
+    present = heads_by_phase(ledger)["present"]
+    assert present.status == "COMPLETED" and "held" not in present.summary and "released" in present.summary
+    assert {r[2] for r in _delivered(ledger)} == {"DELIVERED"} and len(_delivered(ledger)) == len(ARTIFACT_KINDS)
+    # The release is used up: the same inputs held again later would wait for a release of their own.
+    assert ledger.release_of(KEY, "present", present.summary["natural_input_hash"]) is None
