@@ -81,7 +81,7 @@ def _reading_ledger(settings: Settings, role: str | None = None):
     Dagster instance is prepared, so the command neither imports Dagster nor touches its storage.
 
     With ``role`` it is a person's read: every session takes on that database role and every view
-    goes through the logged ``ledger_read`` functions (migration 007)."""
+    goes through the logged ``ledger_read`` views (migration 007)."""
     from resources.ledger import PIPELINE_ROLE, get_ledger
     from resources.pgserver import resolve_dsns
 
@@ -223,7 +223,6 @@ def status_filter(args: argparse.Namespace, settings: Settings):  # -> StatusFil
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.status import render_table, write_json
-    from resources.ledger_views import LedgerViews
 
     flt = status_filter(args, settings)
     filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
@@ -232,11 +231,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         write_json(ledger, sys.stdout, flt, dead_letter_after=settings.dead_letter_after)
     else:
-        for line in render_table(ledger, flt, filtered=filtered):
+        for line in render_table(ledger, flt, filtered=filtered, dead_letter_after=settings.dead_letter_after):
             print(line)
-        dead = LedgerViews(ledger).dead_letters(settings.dead_letter_after)
-        if dead:
-            print(f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review")
     return 0
 
 
@@ -555,9 +551,9 @@ def _add_views(sub: argparse._SubParsersAction) -> None:
 
 
 def _role_arg(p: argparse.ArgumentParser) -> None:
-    from resources.ledger import READER_ROLES
+    from resources.ledger import READ_AS_ROLES
 
-    p.add_argument("--role", default="ops_reader", choices=READER_ROLES,
+    p.add_argument("--role", default="ops_reader", choices=READ_AS_ROLES,
                    help="the database role to read as (default ops_reader); every read is in the access log")
 
 

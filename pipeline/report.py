@@ -109,6 +109,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
     hidden = v.hidden_phases()
     total, attention = v.attention(MAX_ATTENTION_ROWS)
     grid = v.grid()
+    held_keys = [f"{c.day}|{c.region}" for c in grid if c.held]
     return ReportData(
         now=dt.datetime.now(dt.UTC),
         summary=_counts(grid),
@@ -124,7 +125,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
         revisions=v.latest_receipts(MAX_REVISION_ROWS),
         recent_events=v.recent_events(MAX_EVENT_ROWS),
         last_delivery_at=v.last_delivery_at(),
-        held=v.held([f"{c.day}|{c.region}" for c in grid if c.held]) if any(c.held for c in grid) else [],
+        held=v.held(held_keys) if held_keys else [],
         dead_letters=v.dead_letters(dead_letter_after),
         dead_letter_after=dead_letter_after,
         hidden_phases=hidden,

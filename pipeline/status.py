@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from assets.phases import PHASES, TIER_LABELS
-from assets.quality import GRADES, HELD_LABEL
+from assets.quality import GRADES
 from resources.ledger import Ledger
 from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter
 
@@ -37,11 +37,6 @@ def views(ledger: Ledger) -> LedgerViews:
     return LedgerViews(ledger)
 
 
-def tier_label(row: PartitionRow) -> str:
-    """The partition's tier label; a batch held for review says so."""
-    return HELD_LABEL if row.held and row.tier == LAST_TIER - 1 else TIER_LABELS[row.tier]
-
-
 def as_entry(row: PartitionRow, *, dead_letter_after: int = 3) -> dict[str, Any]:
     """One partition in the contract's shape, plus its signal quality, whether it is held and its
     dead-lettered phases (as ``status --json`` gives them)."""
@@ -49,7 +44,7 @@ def as_entry(row: PartitionRow, *, dead_letter_after: int = 3) -> dict[str, Any]
         "region": row.region,
         "day": row.day,
         "tier": row.tier,
-        "tier_label": tier_label(row),
+        "tier_label": row.tier_label,
         "phases": {p.name: row.phases[p.name] for p in PHASES if p.name in row.phases},
         "deliveries": row.deliveries,
         "signal_quality": row.signal_quality,
@@ -86,7 +81,7 @@ def _row_line(p: PartitionRow) -> str:
             cells.append(f"{short + (' x' + str(e['attempts']) if e['attempts'] > 1 else ''):<11}")
     delivered = sum(d["status"] == "DELIVERED" for d in p.deliveries)
     pending = sum(d["status"] == "PENDING" for d in p.deliveries)
-    return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + tier_label(p):<18} "
+    return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + p.tier_label:<18} "
             + " ".join(cells) + f" {p.signal_quality or '-':<8} {delivered}" + (f" (+{pending} pending)" if pending else ""))
 
 
@@ -96,10 +91,20 @@ def _header() -> list[str]:
     return [head, "-" * len(head)]
 
 
-def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered: bool = False) -> Iterator[str]:
+def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered: bool = False,
+                 dead_letter_after: int | None = None) -> Iterator[str]:
     """The lines of ``stormlake status``: every partition of a small ledger or of a filtered listing,
-    else the tier counts and the partitions that need attention."""
+    else the tier counts and the partitions that need attention; with ``dead_letter_after``, a last
+    line counting the dead letters when there are any."""
     v = views(ledger)
+    yield from _table(v, flt, filtered)
+    if dead_letter_after is not None:
+        dead = v.dead_letters(dead_letter_after)
+        if dead:
+            yield f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review"
+
+
+def _table(v: LedgerViews, flt: StatusFilter, filtered: bool) -> Iterator[str]:
     summary = v.summary(flt)
     if summary.partitions == 0:
         yield ("no partitions match the filters" if filtered else

@@ -183,11 +183,14 @@ class Lake:
     def uri(self, table: str) -> str:
         return self.root.rstrip("/") + "/" + table
 
-    def ensure_table(self, table: str) -> None:
-        """Create the table (empty, partitioned) unless it exists; safe against a creation race."""
+    def ensure_table(self, table: str) -> bool:
+        """Create the table (empty, partitioned) unless it exists; safe against a creation race.
+
+        Returns whether this is the process's first look at the table (its stored schema is then
+        brought up to date by the first write, :meth:`_add_new_columns`)."""
         uri = self.uri(table)
         if uri in self.cache.known_tables:
-            return
+            return False
         if "://" not in uri:
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(CREATE_TRIES):
@@ -202,27 +205,27 @@ class Lake:
                 if attempt == CREATE_TRIES - 1:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
                 time.sleep(0.1 * (attempt + 1))
-        self._add_new_columns(table)
         self.cache.known_tables.add(uri)
+        return True
 
-    def _add_new_columns(self, table: str) -> None:
-        """Add the columns a newer schema version of ``table`` has and the stored table lacks.
+    def _add_new_columns(self, table: str, dt: DeltaTable) -> DeltaTable:
+        """``dt`` (the table as just loaded) with the columns a newer schema version of ``table``
+        has and the stored table lacks, added; reloaded when that took a commit.
 
         Added as nullable (Delta cannot add a required column to rows already written); the rows
         of older partitions read them as null, and a phase at the new schema version writes them.
         A column added concurrently by another process is fine.
         """
-        dt = DeltaTable(self.uri(table))
         have = {f.name for f in dt.schema().fields}
         new = [f.with_nullable(True) for f in self.schemas[table] if f.name not in have]
         if not new:
-            return
+            return dt
         try:
             dt.alter.add_columns([Field.from_arrow(f) for f in new])
         except (CommitFailedError, DeltaError) as exc:
-            dt = DeltaTable(self.uri(table))
-            if not {f.name for f in new} <= {f.name for f in dt.schema().fields}:
+            if not {f.name for f in new} <= {f.name for f in self.table(table).schema().fields}:
                 raise LakeError(f"cannot add the columns {', '.join(f.name for f in new)} to {table}: {exc}") from exc
+        return self.table(table)
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
@@ -294,13 +297,15 @@ class Lake:
                 or above it was written by an attempt of this same (partition, phase, input hash).
             keep: keep the written partition in the process cache for a later reader.
         """
-        self.ensure_table(table)
+        first_look = self.ensure_table(table)
         app = app_id(table, region_id, day)
         schema = self.schemas[table]
         data = data.select(schema.names).cast(schema)
         predicate = f"region_id = {_sql_str(region_id)} AND day = {_sql_str(day)}"
         for attempt in range(6):
             dt = self.table(table)
+            if first_look:  # the table as this process first writes it: its schema brought up to date
+                dt, first_look = self._add_new_columns(table, dt), False
             done = dt.transaction_version(app)
             if done is not None and done >= first_seq:
                 version = self.committed_version(table, app, done)

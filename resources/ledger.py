@@ -68,8 +68,8 @@ def idempotency_key(partition_key: str, phase: str, input_hash: str) -> str:
 
 #: The role the pipeline works as (migration 007): not a superuser, not the tables' owner.
 PIPELINE_ROLE = "resume_worker"
-#: Roles that read the ledger through ``ledger_read`` (migration 007), each read logged.
-READER_ROLES = ("ops_reader", "compliance_auditor", "admin", PIPELINE_ROLE)
+#: The roles a person may read the ledger as (``--role``), through ``ledger_read`` (migration 007), each read logged.
+READ_AS_ROLES = ("ops_reader", "compliance_auditor", "admin", PIPELINE_ROLE)
 
 
 def _session_options(dsn: str, role: str | None = None) -> str:
@@ -255,7 +255,7 @@ class Ledger:
                  role: str | None = PIPELINE_ROLE, audited: bool = False):
         """``role``: the database role every session takes on (the pipeline's by default; None
         keeps the DSN's user). ``audited``: reads through :mod:`resources.ledger_views` go through
-        the logged ``ledger_read`` functions (a person's reads: status, report, review)."""
+        the logged ``ledger_read`` views (a person's reads: status, report, review)."""
         self.dsn = dsn
         self.role = role
         self.audited = audited
@@ -280,6 +280,7 @@ class Ledger:
     # ---- one ledger per process and DSN -------------------------------------------------
     _shared: ClassVar[dict[tuple[int, str, str | None, bool], Ledger]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+    _migrated: ClassVar[set[tuple[int, str]]] = set()
 
     @classmethod
     def shared(cls, dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
@@ -294,7 +295,9 @@ class Ledger:
             ledger = cls._shared.get(key)
             if ledger is None:
                 ledger = cls(dsn, role=role, audited=audited)
-                ledger.migrate()
+                if (os.getpid(), dsn) not in cls._migrated:  # once a process, whatever the role
+                    ledger.migrate()
+                    cls._migrated.add((os.getpid(), dsn))
                 cls._shared[key] = ledger
             return ledger
 
@@ -305,6 +308,7 @@ class Ledger:
         with cls._shared_lock:
             for key in [k for k in cls._shared if match(k[1])]:
                 cls._shared.pop(key).close()
+            cls._migrated = {m for m in cls._migrated if not match(m[1])}
 
     # ---- outcomes, as they happen in this process ----------------------------------------
     @contextlib.contextmanager
@@ -753,7 +757,6 @@ class Ledger:
         return self._as_owner(txn, what=f"{action} {role} on {phase}")
 
     # ---- dead letters and operator actions ----------------------------------------------
-
     def release(self, partition_key: str, *, actor: str, reason: str) -> Release:
         """Release what of a partition waits for a person, as one operator action recorded with
         who and why: its dead-lettered phases (their failure count back to 0) and its held head
@@ -797,7 +800,6 @@ class Ledger:
             return {"action_id": int(row[0]), "by": row[1], "reason": row[2], "at": row[3].isoformat()}
 
         return self._run(q, what=f"read the releases of {partition_key}", single=True)
-
 
     def record_action(self, action: str, partition_key: str, *, actor: str, reason: str, phase: str | None = None,
                       detail: dict[str, Any] | None = None) -> None:

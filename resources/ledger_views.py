@@ -17,6 +17,7 @@ its one definition.
 from __future__ import annotations
 
 import datetime as dt
+import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -56,6 +57,7 @@ class PartitionRow:
     region: str
     day: str
     tier: int
+    tier_label: str  # the ledger's: "held_for_review" for a held batch (migration 006)
     failed: bool
     pending: bool
     phases: dict[str, dict[str, Any]]
@@ -186,8 +188,6 @@ class LedgerViews:
         ``ledger_read`` (migration 007), each through a logged read request, opened and committed
         once per kind for this object, and named by the transaction of the next read
         (:meth:`_read`). Other ``{name}`` fields come from ``parts``."""
-        import string
-
         names = {f for _, f, _, _ in string.Formatter().parse(text) if f}
         for name in names & set(self.SOURCES):
             table, what = self.SOURCES[name]
@@ -203,16 +203,26 @@ class LedgerViews:
     def _read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
         """Run the read ``fn(conn)``: for a person's read in one transaction that first names the
         requests its queries read through (``ledger_read.use``)."""
-        uses, self._uses = sorted(set(self._uses)), []
+        uses = self._take_uses()
         if not uses:
             return self.ledger.read(fn, what=what)
 
         def txn(conn: psycopg.Connection) -> T:
-            for request in uses:
-                conn.execute("SELECT ledger_read.use(%s)", (request,))
+            self._use(conn, uses)
             return fn(conn)
 
         return self.ledger.read_in_transaction(txn, what=what)
+
+    def _take_uses(self) -> list[int]:
+        """The requests the queries built since the last read go through (once each)."""
+        uses, self._uses = sorted(set(self._uses)), []
+        return uses
+
+    @staticmethod
+    def _use(conn: psycopg.Connection, uses: list[int]) -> None:
+        """Name ``uses`` in the transaction ``conn`` is in."""
+        for request in uses:
+            conn.execute("SELECT ledger_read.use(%s)", (request,))
 
     def hidden_phases(self) -> list[str]:
         """The phases whose checkpoints the ledger's role may not read (none for the pipeline)."""
@@ -251,7 +261,8 @@ class LedgerViews:
     # ---- status ----------------------------------------------------------------------------
     def partitions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[PartitionRow]:
         """The selected partitions, in (day, region) order."""
-        query = self._q("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.failed, s.pending, s.phases,"
+        query = self._q("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.tier_label, s.failed,"
+                        " s.pending, s.phases,"
                         " s.deliveries, s.held, s.signal_quality"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
                         where=self._where(flt), limit=self._limit(flt))
@@ -274,10 +285,9 @@ class LedgerViews:
                         " ELSE '[]' END)::text"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
                         after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
-        uses, self._uses = sorted(set(self._uses)), []
+        uses = self._take_uses()
         with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
-            for request in uses:
-                conn.execute("SELECT ledger_read.use(%s)", (request,))
+            self._use(conn, uses)
             cur.itersize = STREAM_BATCH
             cur.execute(query)
             for (text,) in cur:
@@ -308,25 +318,6 @@ class LedgerViews:
         query = self._q("SELECT s.region_id AS region, s.day, s.tier, s.failed, s.pending,"
                         " s.signal_quality AS quality, s.held FROM {ps} s WHERE {where}", where=self._where(flt))
         return self._rows(query, GridCell, "read the partition grid")
-
-    def regions(self, flt: StatusFilter = ALL_PARTITIONS) -> list[RegionCounts]:
-        query = self._q("SELECT s.region_id, count(*), count(*) FILTER (WHERE s.failed),"
-                        " count(*) FILTER (WHERE s.pending), array_agg(s.tier)"
-                        " FROM {ps} s WHERE {where} GROUP BY s.region_id ORDER BY s.region_id", where=self._where(flt))
-
-        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
-            last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
-            return int(last), conn.execute(query).fetchall()
-
-        last, rows = self._read(q, what="count partitions per region")
-        out = []
-        for region, n, failed, pending, tiers in rows:
-            by_tier = dict.fromkeys(range(last + 1), 0)
-            for t in tiers:
-                by_tier[int(t)] += 1
-            out.append(RegionCounts(region=region, partitions=int(n), by_tier=by_tier, with_failure=int(failed),
-                                    with_pending=int(pending)))
-        return out
 
     def attention(self, limit: int, flt: StatusFilter = ALL_PARTITIONS) -> tuple[int, list[AttentionRow]]:
         """How many partitions are not at the last tier or have a failure, and the first ``limit`` of
@@ -454,7 +445,7 @@ class LedgerViews:
 
     def held(self, keys: Sequence[str] | None = None) -> list[Checkpoint]:
         """Head checkpoints that hold their deliveries for review (a noisy batch), oldest day first;
-        with ``keys``, of those partitions only (found held by :meth:`grid`: an index lookup)."""
+        with ``keys``, of those partitions only (found held by :meth:`grid`)."""
         where = "" if keys is None else " AND partition_key = ANY(%s)"
         params: tuple[Any, ...] = () if keys is None else (list(keys),)
         return self._rows(self._q("SELECT * FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED'"

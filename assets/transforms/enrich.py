@@ -161,12 +161,6 @@ def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
     return t[cols]
 
 
-def enrich_outages(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,
-                   *, region: Region, day: str) -> pd.DataFrame:
-    """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED (see :func:`enrich_partition`)."""
-    return enrich_partition(outages, weather, customers, terrain, region=region, day=day)[0]
-
-
 def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,
                      *, region: Region, day: str) -> tuple[pd.DataFrame, dict[str, int]]:
     """Enrich one partition's accepted outages (schema OUTAGES_RAW) to OUTAGES_ENRICHED, and measure

@@ -26,7 +26,7 @@ from assets.transforms.correlate import (
     correlate_storm,
     disk_members,
 )
-from assets.transforms.enrich import empty_frame, enrich_outages
+from assets.transforms.enrich import empty_frame, enrich_partition
 from pipeline.tools.generate import generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
 
@@ -73,8 +73,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     for part in truth["partitions"].values():
         frames = load_partition(root, part)
         region = by_id[part["region_id"]]
-        enriched = enrich_outages(frames["outages"], frames["weather"], frames["customers"], frames["terrain"],
-                                  region=region, day=part["day"])
+        enriched = enrich_partition(frames["outages"], frames["weather"], frames["customers"], frames["terrain"],
+                                  region=region, day=part["day"])[0]
         stats, risk, clusters = correlate_storm(enriched, frames["weather"], frames["customers"], frames["terrain"],
                                                 region=region, day=part["day"])
         out.append({"truth": part, "region": region, **frames, "enriched": enriched, "stats": stats, "risk": risk,
@@ -162,8 +162,8 @@ def test_correlate_is_deterministic_under_row_order(results: list[dict]) -> None
     again = correlate_storm(shuffled, res["weather"], res["customers"], res["terrain"], region=res["region"], day=DAY)
     for mine, theirs in zip(again, (res["stats"], res["risk"], res["clusters"]), strict=True):
         pd.testing.assert_frame_equal(mine, theirs)
-    enriched_again = enrich_outages(res["outages"].iloc[::-1], res["weather"], res["customers"], res["terrain"],
-                                    region=res["region"], day=DAY)
+    enriched_again = enrich_partition(res["outages"].iloc[::-1], res["weather"], res["customers"], res["terrain"],
+                                    region=res["region"], day=DAY)[0]
     pd.testing.assert_frame_equal(enriched_again, res["enriched"])
 
 
@@ -171,7 +171,7 @@ def test_correlate_is_deterministic_under_row_order(results: list[dict]) -> None
 def test_empty_inputs(results: list[dict]) -> None:
     res = results[0]
     empty = res["outages"].iloc[0:0]
-    e = enrich_outages(empty, res["weather"], res["customers"], res["terrain"], region=res["region"], day=DAY)
+    e = enrich_partition(empty, res["weather"], res["customers"], res["terrain"], region=res["region"], day=DAY)[0]
     assert list(e.columns) == OUTAGES_ENRICHED.names and len(e) == 0
     pa.Table.from_pandas(e, schema=OUTAGES_ENRICHED, preserve_index=False)
     stats, risk, clusters = correlate_storm(e, res["weather"], res["customers"], res["terrain"],
@@ -179,7 +179,7 @@ def test_empty_inputs(results: list[dict]) -> None:
     assert len(stats) == 0 and len(clusters) == 0
     assert len(risk) == res["terrain"]["cell_id"].nunique() and (risk["outages"] == 0).all()
     none = [df.iloc[0:0] for df in (res["weather"], res["customers"], res["terrain"])]
-    e2 = enrich_outages(empty, *none, region=res["region"], day=DAY)
+    e2 = enrich_partition(empty, *none, region=res["region"], day=DAY)[0]
     outs = correlate_storm(e2, *none, region=res["region"], day=DAY)
     for df, schema in zip((stats, risk, clusters, *outs), (CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS) * 2,
                           strict=True):
@@ -240,7 +240,7 @@ def test_enrich_hand_made_cases() -> None:
         ("near_b", b_lat, b_lon - 0.05, "2026-09-01T10:00:00Z", 55.0, 7.0),
         ("far", 30.0, -90.0, "2026-09-01T04:00:00Z", 99.0, 99.0),
     ])
-    e = enrich_outages(outages, weather, customers, terrain, region=REGION, day=DAY).set_index("event_id")
+    e = enrich_partition(outages, weather, customers, terrain, region=REGION, day=DAY)[0].set_index("event_id")
     assert e.index.tolist() == ["e1", "e2", "e3"]
     # feeder: f-a and f-b tie at 300, f-c sums its two rows to 250 -> smallest id of the tie
     assert e.loc["e1", "feeder_id"] == "f-a" and e.loc["e1", "cell_customers"] == 850
@@ -255,7 +255,7 @@ def test_enrich_hand_made_cases() -> None:
     assert e.loc["e1", "restoration_min"] == pytest.approx(90.5)
     assert e.loc["e2", "restoration_min"] == pytest.approx(420.0)
     assert np.isnan(e.loc["e3", "restoration_min"])
-    no_weather = enrich_outages(outages, weather.iloc[0:0], customers, terrain, region=REGION, day=DAY)
+    no_weather = enrich_partition(outages, weather.iloc[0:0], customers, terrain, region=REGION, day=DAY)[0]
     assert no_weather["gust_ms"].isna().all()
     pa.Table.from_pandas(no_weather, schema=OUTAGES_ENRICHED, preserve_index=False)
 
