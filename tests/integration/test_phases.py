@@ -738,3 +738,26 @@ def test_a_released_batch_whose_delivery_failed_is_delivered_by_the_next_run_not
     assert {r[2] for r in _delivered(ledger)} == {"DELIVERED"} and len(_delivered(ledger)) == len(ARTIFACT_KINDS)
     # The release is used up: the same inputs held again later would wait for a release of their own.
     assert ledger.release_of(KEY, "present", present.summary["natural_input_hash"]) is None
+
+
+def test_the_grade_is_in_the_summary_table_and_the_dagster_metadata(sl_env: dict[str, str], ledger: Ledger) -> None:
+    """A clean batch and a noisy one: the grade in region_day_summary and in the metadata of
+    present's materialization, with the measures and, for the held one, its reasons."""
+    clean = materialize(KEY)
+    assert clean.success, failure_descriptions(clean)
+    [meta] = [ev.step_materialization_data.materialization.metadata for ev in clean.get_asset_materialization_events()
+              if ev.step_materialization_data.materialization.asset_key.to_user_string() == "region_day_summary"]
+    assert meta["signal_quality"].value == "high" and meta["held_for_review"].value is False
+    assert set(meta["quality_measures"].value) == {"quarantined_share", "outages_without_weather",
+                                                   "station_hours_missing", "outages_without_feeder"}
+    assert read(lake_root(sl_env), "region_day_summary")["signal_quality"].tolist() == ["high"]
+
+    other = "2026-09-02|gulf_coast"
+    _make_noisy(sl_env, other)
+    noisy = materialize(other)
+    assert noisy.success, failure_descriptions(noisy)
+    [meta] = [ev.step_materialization_data.materialization.metadata for ev in noisy.get_asset_materialization_events()
+              if ev.step_materialization_data.materialization.asset_key.to_user_string() == "region_day_summary"]
+    assert meta["signal_quality"].value == "noisy" and meta["held_for_review"].value is True
+    assert any(r.startswith("station_hours_missing") for r in meta["held_reasons"].value)
+    assert read(lake_root(sl_env), "region_day_summary", other)["signal_quality"].tolist() == ["noisy"]
