@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import shutil
 import uuid
@@ -22,6 +23,7 @@ from psycopg import sql
 
 from assets.phases import CORRELATE, INGEST, PHASES, TABLE_PHASE, table_keys
 from assets.schemas import SCHEMAS, table_schema
+from pipeline.status import write_json
 from resources.ledger import Ledger
 from resources.ledger_views import LedgerViews
 from resources.pgserver import with_database
@@ -655,6 +657,11 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
     assert "\n" not in desc.strip()
     head = heads_by_phase(ledger)["ingest"]
     assert (head.attempt, head.failures) == (limit, limit)
+    # status --json lists it, with the failures on the phase's entry.
+    buf = io.StringIO()
+    write_json(ledger, buf, dead_letter_after=limit)
+    [entry] = json.loads(buf.getvalue())["partitions"]
+    assert entry["dead_lettered"] == ["ingest"] and entry["phases"]["ingest"]["failures"] == limit
 
     # A release re-arms it (recorded with who and why); the next run tries again.
     assert ledger.release(KEY, actor="ops-on-call", reason="upstream promised a fix").phases == ["ingest"]
@@ -761,3 +768,19 @@ def test_the_grade_is_in_the_summary_table_and_the_dagster_metadata(sl_env: dict
     assert meta["signal_quality"].value == "noisy" and meta["held_for_review"].value is True
     assert any(r.startswith("station_hours_missing") for r in meta["held_reasons"].value)
     assert read(lake_root(sl_env), "region_day_summary", other)["signal_quality"].tolist() == ["noisy"]
+
+
+def test_a_held_batch_whose_inputs_change_is_graded_again_and_delivered_when_clean(sl_env: dict[str, str],
+                                                                                  ledger: Ledger) -> None:
+    weather = landing_file(sl_env, "weather.csv")
+    clean_text = weather.read_text()
+    _make_noisy(sl_env)
+    assert materialize(KEY).success
+    assert "held" in heads_by_phase(ledger)["present"].summary and _delivered(ledger) == []
+    weather.write_text(clean_text)  # the stations' readings arrive late: new inputs, no release needed
+    again = materialize(KEY)
+    assert again.success, failure_descriptions(again)
+    present = heads_by_phase(ledger)["present"]
+    assert "held" not in present.summary and "released" not in present.summary and present.tier == 4
+    assert present.summary["figures"]["quality"]["grade"] != "noisy"
+    assert len(_delivered(ledger)) == len(ARTIFACT_KINDS)
