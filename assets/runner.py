@@ -49,12 +49,19 @@ def prepare_process() -> None:
       process, and without this every full collection triggered by a phase's allocations walks
       all of them again. Objects made afterwards are collected as usual.
 
-    A process that froze once (``gc.get_freeze_count()``) is left as it is, so the partitions'
-    own objects are never frozen.
+    A process that was prepared once is left as it is, so the partitions' own objects are never
+    frozen. A flag says so, not ``gc.get_freeze_count()``: that walks every frozen object, which
+    in a run forked from a warm process (``pipeline.launcher``) costs tens of milliseconds and
+    copies every page of the shared heap.
     """
-    if gc.get_freeze_count() == 0:
+    global _prepared
+    if not _prepared:
+        _prepared = True
         keep_freed_memory()
         gc.freeze()
+
+
+_prepared = False
 
 
 _log = logging.getLogger("stormlake.runner")

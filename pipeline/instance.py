@@ -41,6 +41,7 @@ from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
 DEQUEUE_INTERVAL_S = 1
+BACKFILL_INTERVAL_S = 2
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -70,14 +71,25 @@ def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
     """
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
-# The run coordinator is Dagster's queued one, looking at the queue every second (its default,
-# 5 s, leaves a backfill's next run waiting that long after each run ends); `concurrency` sets
-# its limits.
+# The run coordinator is Dagster's queued one (`concurrency` sets its limits), looking at the
+# queue every second (Dagster's default, 5 s, leaves a backfill's next run waiting that long
+# after each run ends) and at new backfills every {BACKFILL_INTERVAL_S} s (Dagster's: 30 s). Runs start in a fork
+# of a process with the code location loaded, not in a fresh interpreter (pipeline/launcher.py).
 run_coordinator:
-  module: dagster.core.run_coordinator
-  class: QueuedRunCoordinator
+  module: pipeline.launcher
+  class: StormlakeRunCoordinator
   config:
     dequeue_interval_seconds: {DEQUEUE_INTERVAL_S}
+    backfill_interval_seconds: {BACKFILL_INTERVAL_S}
+run_launcher:
+  module: pipeline.launcher
+  class: WarmRunLauncher
+backfills:
+  use_threads: true
+  num_workers: 2
+  num_submit_workers: {max(2, workers)}
+auto_materialize:
+  minimum_interval_seconds: 30
 storage:
   postgres:
     postgres_url: {url}

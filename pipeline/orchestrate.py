@@ -516,14 +516,18 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     """Run the partitions in up to ``workers`` processes at once, each running blocks of
     neighbouring keys as :func:`run_partitions` does (range runs, preflight, skips).
 
-    Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps every
-    phase exactly-once whichever process runs it. Once PostgreSQL is gone, no further block
-    is started.
+    This process is one of them: it takes blocks from the same queue as the ``workers - 1``
+    processes it starts, so it works while they start (a fresh interpreter importing Dagster
+    and the code location, several seconds). A thread of this process reports what the others
+    finish. Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps
+    every phase exactly-once whichever process runs it. Once PostgreSQL is gone, no further
+    block is started.
     """
     import multiprocessing as mp
+    import threading
 
     blocks = worker_blocks(keys, workers, max_per_run)
-    if len(blocks) <= 1:
+    if len(blocks) <= 1 or workers <= 1:
         return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or connections of this one
     tasks, results = ctx.Queue(), ctx.Queue()
@@ -531,37 +535,56 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
         tasks.put(block)
     n = min(workers, len(blocks))
     for _ in range(n):
-        tasks.put(None)
+        tasks.put(None)  # one end marker per consumer: the n - 1 processes and this one
     procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force), name=f"stormlake-worker-{i}")
-             for i in range(n)]
+             for i in range(1, n)]
     for proc in procs:
         proc.start()
     runs: list[PartitionRun] = []
-    error: BaseException | None = None
-    running = n
-    try:
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def finished(run: PartitionRun) -> None:
+        with lock:
+            runs.append(run)
+            if progress:
+                progress.finished(run)
+        if run.ledger_down:
+            _drain(tasks)
+
+    def collect() -> None:
+        running = len(procs)
         while running:
             item = results.get()
             if item is None:
                 running -= 1
             elif isinstance(item, BaseException):
-                error = error or item
+                errors.append(item)
                 _drain(tasks)
             else:
-                runs.append(item)
-                if progress:
-                    progress.finished(item)
-                if item.ledger_down:
-                    _drain(tasks)
+                finished(item)
+
+    collector = threading.Thread(target=collect, name="stormlake-worker-results", daemon=True)
+    collector.start()
+    try:
+        while (block := tasks.get()) is not None:
+            done = run_partitions(block, preflight=preflight, max_per_run=max_per_run, on_result=finished, force=force)
+            if done and done[-1].ledger_down:
+                _drain(tasks)
+                break
+    except BaseException:
+        _drain(tasks)
+        raise
     finally:
+        collector.join()
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
     if progress:
         progress.close()
-    if error is not None:
-        raise error
+    if errors:
+        raise errors[0]
     return runs
 
 

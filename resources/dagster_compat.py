@@ -274,3 +274,45 @@ def init_pool_limit(instance: dg.DagsterInstance, key: str) -> None:
     following ``default_limit``.
     """
     instance.event_log_storage.initialize_concurrency_limit_to_default(key)
+
+
+def set_backfill_daemon_interval(seconds: float) -> None:
+    """How long the backfill daemon waits between two looks at the backfills (Dagster: 30 s).
+
+    A backfill launched from the UI waits up to that long before its first run is even
+    submitted, which alone is more than a CLI backfill of a few dozen small partitions takes.
+    The interval is ``dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS``, read by
+    ``execute_backfill_iteration_loop`` when the daemon's backfill thread starts; ``dagster.yaml``
+    has no key for it (its ``backfills`` section sets thread pools only). Called by the run
+    coordinator stormlake's ``dagster.yaml`` names (``pipeline.launcher``), which the daemon
+    builds before it starts its threads. The asset daemon falls back to the same constant when
+    ``auto_materialize.minimum_interval_seconds`` is unset, so stormlake's ``dagster.yaml`` sets
+    that key.
+    """
+    from dagster._daemon import controller
+
+    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = seconds  # type: ignore[assignment]
+
+
+def backfill_daemon_interval() -> float:
+    """The backfill daemon's interval as it stands (see :func:`set_backfill_daemon_interval`)."""
+    from dagster._daemon import controller
+
+    return float(controller.DEFAULT_DAEMON_INTERVAL_SECONDS)
+
+
+def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
+    """Execute a run the queue launched, in this process, as ``dagster api execute_run`` does.
+
+    stormlake's run launcher (``pipeline.launcher.WarmRunLauncher``) forks a process that has
+    Dagster and the code location imported already, instead of starting a fresh interpreter per
+    run; the forked process then does exactly what Dagster's own run worker does: it reports
+    the process as started, executes the run (``core_execute_run``, which records STARTED,
+    SUCCESS or FAILURE), and stops the run's cancellation and metrics threads.
+    ``dagster._cli.api._execute_run_command_body`` is that body; the public route to it is the
+    ``dagster api execute_run`` command, which is the fresh interpreter this avoids. Returns 0,
+    or 1 when the run failed.
+    """
+    from dagster._cli.api import _execute_run_command_body
+
+    return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)

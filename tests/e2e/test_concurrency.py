@@ -1,5 +1,6 @@
-"""Four ``stormlake backfill`` processes on the same eight partitions at once: each phase computed once,
-each artifact delivered once (leases, fencing and receipts in the ledger)."""
+"""Four ``stormlake backfill --workers 2`` on the same twelve partitions at once, eight processes
+in all: each phase computed once, each artifact delivered once (leases, fencing and receipts in
+the ledger)."""
 
 from __future__ import annotations
 
@@ -23,22 +24,22 @@ from tests.consumer import (
 pytestmark = pytest.mark.e2e
 
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont")
-DAYS = ("2026-09-01", "2026-09-02")
-EIGHT = [f"{d}|{r}" for d in DAYS for r in REGIONS]
-ARGS = ("backfill", "--regions", ",".join(REGIONS), "--days", "2026-09-01..2026-09-02")
+DAYS = ("2026-09-01", "2026-09-02", "2026-09-03")
+TWELVE = [f"{d}|{r}" for d in DAYS for r in REGIONS]  # more than one range run: two blocks each
+ARGS = ("backfill", "--workers", "2", "--regions", ",".join(REGIONS), "--days", "2026-09-01..2026-09-03")
 
 
 @pytest.fixture(scope="module")
-def eight_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 regions x 2 days x 1,500 outage rows."""
-    return generated_landing(tmp_path_factory.mktemp("eight") / "landing", regions=4, rows_per_partition=1500,
-                             seed=11)
+def twelve_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 regions x 3 days x 800 outage rows."""
+    return generated_landing(tmp_path_factory.mktemp("twelve") / "landing", regions=4, days=3,
+                             rows_per_partition=800, seed=11)
 
 
-def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str, eight_landing: Path,
+def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str, twelve_landing: Path,
                                                                      tmp_path: Path) -> None:
     with Consumer(dedupe=True) as consumer:
-        env = make_home(tmp_path, eight_landing, pg_dsn, webhook=consumer.url)
+        env = make_home(tmp_path, twelve_landing, pg_dsn, webhook=consumer.url)
         procs = [start(env, *ARGS, log=tmp_path / f"backfill-{i}.log") for i in range(4)]
         try:
             codes = [p.wait(600) for p in procs]
@@ -49,10 +50,11 @@ def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str,
         logs = {i: (tmp_path / f"backfill-{i}.log").read_text(errors="replace") for i in range(4)}
         assert codes == [0, 0, 0, 0], "\n".join(f"--- backfill {i} exited {codes[i]}\n{logs[i][-3000:]}"
                                                 for i in range(4))
+        assert all("up to 2 processes" in log for log in logs.values()), logs
 
         final = status(env)
-        assert sorted(final) == sorted(EIGHT)
-        for key in EIGHT:
+        assert sorted(final) == sorted(TWELVE)
+        for key in TWELVE:
             assert final[key]["tier"] == 4, final[key]
             for phase in PHASE_NAMES:
                 cp = final[key]["phases"][phase]
@@ -60,7 +62,7 @@ def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str,
         rows = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
                                 " WHERE status = 'COMPLETED' GROUP BY partition_key, phase")
         completed = {(r[0], r[1]): r[2] for r in rows}
-        assert completed == {(k, p): 1 for k in EIGHT for p in PHASE_NAMES}, f"computed more than once: {completed}"
+        assert completed == {(k, p): 1 for k in TWELVE for p in PHASE_NAMES}, f"computed more than once: {completed}"
         claims = sql_rows(pg_dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events"
                                   " WHERE status = 'PENDING' GROUP BY partition_key, phase HAVING count(*) > 1")
         assert claims == [], f"phases claimed more than once: {claims}"
@@ -68,8 +70,8 @@ def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str,
         posts = consumer.snapshot()
         counts = consumer.keys_count()
         assert all(n == 1 for n in counts.values()), f"keys POSTed more than once: {counts}"
-        artifacts = check_consumer(posts, partitions=EIGHT)
-        assert len(posts) == len(artifacts) == 3 * len(EIGHT)
+        artifacts = check_consumer(posts, partitions=TWELVE)
+        assert len(posts) == len(artifacts) == 3 * len(TWELVE)
         delivered = sql_rows(pg_dsn, "SELECT target, status, count(*) FROM receipts GROUP BY target, status")
-        assert sorted(delivered) == [("file", "DELIVERED", 24), ("webhook", "DELIVERED", 24)], delivered
+        assert sorted(delivered) == [("file", "DELIVERED", 36), ("webhook", "DELIVERED", 36)], delivered
         check_ledger_clean(pg_dsn)

@@ -291,6 +291,7 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     assert len(runs) == len(KEYS), runs
     assert all(r["status"] == "SUCCESS" for r in runs), runs
     assert sorted(_run_partition(r) for r in runs) == sorted(KEYS)
+    _check_warm_workers(runs)
 
     status = _status(d.env)
     by_key = {f"{p['day']}|{p['region']}": p for p in status["partitions"]}
@@ -359,6 +360,67 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
 
     # 4. The asset graph of this code location in a real browser.
     _check_asset_graph(d, location)
+
+
+def _check_warm_workers(runs: list[dict[str, Any]]) -> None:
+    """Every run was launched by stormlake's run launcher: a fork of its one warm process, a
+    process of its own per run (pipeline/launcher.py)."""
+    from pipeline.launcher import HOST_TAG, PID_TAG
+
+    pids = [_tag(r, PID_TAG) for r in runs]
+    assert all(p and int(p) > 0 for p in pids), [r["tags"] for r in runs]
+    assert len(set(pids)) == len(runs), pids
+    assert {_tag(r, HOST_TAG) for r in runs} == {socket.gethostname()}
+
+
+@pytest.fixture
+def recent_landing(sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """A partition space of the last 3 days (``STORMLAKE_FIRST_DAY``) x every region, with files
+    landed for 2 regions on its first day only: (landed keys, every key)."""
+    import datetime as dt
+
+    from assets.partitions import storm_partitions
+    from pipeline.tools.generate import generate_scenario
+    from resources.settings import load_regions, load_settings
+
+    first = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=3)).isoformat()
+    monkeypatch.setenv("STORMLAKE_FIRST_DAY", first)
+    settings = load_settings()
+    regions = load_regions(settings.regions_file)
+    generate_scenario(settings.landing, regions[:2], days=1, start=first, rows_per_partition=300, seed=11)
+    landed = [f"{first}|{r.region_id}" for r in regions[:2]]
+    return landed, storm_partitions(regions, first).get_partition_keys()
+
+
+def test_ui_backfill_over_all_partitions_runs_what_landed_and_passes_over_the_rest(
+        recent_landing: tuple[list[str], list[str]], dagster_dev: Dagster) -> None:
+    """"Materialize all" in the UI, over every partition: the two that landed are published, the
+    others end their runs successfully with nothing read, written or recorded."""
+    d = dagster_dev
+    landed, every = recent_landing
+    assert len(every) > len(landed) and set(landed) <= set(every)
+    params = {"assetSelection": [{"path": [a]} for a in ASSETS], "allPartitions": True, "title": "e2e: all"}
+    res = d.gql(LAUNCH, {"params": params})["launchPartitionBackfill"]
+    assert res["__typename"] == "LaunchBackfillSuccess", res
+    bf = _wait_backfill(d, res["backfillId"])
+    # No run fails. Dagster's asset backfill still ends COMPLETED_FAILED: it counts a requested
+    # partition that no run materialized (the ones that have not landed) as failed.
+    assert bf["status"] in ("COMPLETED_SUCCESS", "COMPLETED_FAILED"), (bf, d.tail())
+    assert bf["numPartitions"] == len(every), bf
+    runs = bf["runs"]
+    assert sorted(_run_partition(r) for r in runs) == sorted(every)
+    assert all(r["status"] == "SUCCESS" for r in runs), [(r["status"], _run_partition(r)) for r in runs]
+    _check_warm_workers(runs)
+    # The ledger knows the landed partitions only, both published.
+    status = _status(d.env)
+    by_key = {f"{p['day']}|{p['region']}": p for p in status["partitions"]}
+    assert sorted(by_key) == sorted(landed), sorted(by_key)
+    assert all(p["tier"] == 4 for p in by_key.values()), by_key
+    assert not _events_of(sorted(set(every) - set(landed)))
+    # The catalog: the landed partitions materialized, the others still missing.
+    with dg.DagsterInstance.get() as instance:
+        done = instance.get_materialized_partitions(dg.AssetKey("region_day_summary"))
+    assert sorted(done) == sorted(landed), sorted(done)
 
 
 def _check_table_catalog(d: Dagster) -> None:

@@ -1,0 +1,281 @@
+"""How the daemon starts runs: a run queue that looks at backfills every few seconds, and a run
+launcher that forks each run from a warm process instead of starting a fresh interpreter.
+
+Both are named in ``dagster.yaml`` (:func:`pipeline.instance.dagster_yaml`), so every run the
+daemon launches gets them: a backfill from the UI, a schedule tick, a sensor's request, ``dg
+launch``, "Materialize" in the asset graph. The CLI's runs execute in its own process and use
+neither.
+
+**Why a warm launcher.** Dagster's default launcher asks the code server to start each run in a
+spawned interpreter, which imports Dagster, pandas, pyarrow, deltalake and matplotlib and loads
+the code location before the run's first step: 4-5 s on a 2-core machine, where a small
+partition's four phases take well under a second. With one run per partition (each
+partition's failure stays its own), a year's backfill from the UI paid that start 18,250 times.
+:class:`WarmRunLauncher` keeps one process (the *zygote*) with all of that imported and the code
+location loaded, and forks it for each run; the fork executes the run exactly as Dagster's own
+run worker does (:func:`resources.dagster_compat.execute_launched_run`), so the run's events,
+status, retries and pools are Dagster's. The zygote holds no thread, connection or open table
+when it forks, so a run starts from a clean copy.
+
+- The zygote is started by the launcher on the first run (in the daemon's process) and reads
+  one request a line on its stdin; it exits when that pipe closes, which happens when the
+  daemon stops or dies. A run in progress is not stopped with it (as a run of Dagster's own
+  launcher outlives a daemon restart); run monitoring fails a run whose process died.
+- Each run's process id and host are run tags (:data:`PID_TAG`, :data:`HOST_TAG`): run
+  monitoring asks :meth:`WarmRunLauncher.check_run_worker_health` whether it is alive, and
+  "Terminate" in the UI sends it SIGINT, which Dagster turns into a cancelled run.
+- Code changes: a new code location version in the code server does not reach an old zygote.
+  The launcher compares the code's modification stamp (:func:`code_stamp`) before each launch
+  and starts a new zygote when it changed.
+
+**Why a run coordinator of its own.** Dagster's backfill daemon looks at new backfills every 30
+seconds, a constant ``dagster.yaml`` cannot set, so a UI backfill waited up to 30 s before its
+first run was even queued. :class:`StormlakeRunCoordinator` is Dagster's queued coordinator
+with one more setting, ``backfill_interval_seconds``; the daemon builds the coordinator before
+it starts its threads, which is when the setting is applied
+(:func:`resources.dagster_compat.set_backfill_daemon_interval`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
+from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster._serdes import ConfigurableClass, ConfigurableClassData
+
+from resources import dagster_compat
+
+PID_TAG = "stormlake/run_worker_pid"
+HOST_TAG = "stormlake/run_worker_host"
+#: The modules the zygote imports before its first fork: the code location and what its phases
+#: import only when they run (the report's drawing, Delta writes).
+WARM_MODULES = ("pipeline.definitions", "assets.transforms.render", "assets.transforms.present", "deltalake")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BACKFILL_INTERVAL_S = 2
+
+
+def code_stamp() -> str:
+    """The newest modification time of the project's Python files (a new one means new code)."""
+    newest = 0
+    for folder in ("pipeline", "assets", "resources"):
+        for path in (PROJECT_ROOT / folder).rglob("*.py"):
+            newest = max(newest, path.stat().st_mtime_ns)
+    return str(newest)
+
+
+class StormlakeRunCoordinator(QueuedRunCoordinator, ConfigurableClass):
+    """Dagster's queued run coordinator, plus how often the backfill daemon looks at backfills."""
+
+    def __init__(self, backfill_interval_seconds: float = DEFAULT_BACKFILL_INTERVAL_S, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.backfill_interval_seconds = backfill_interval_seconds
+        dagster_compat.set_backfill_daemon_interval(backfill_interval_seconds)
+
+    @classmethod
+    def config_type(cls) -> dict[str, Any]:
+        return {
+            **QueuedRunCoordinator.config_type(),
+            "backfill_interval_seconds": dg.Field(
+                dg.IntSource, is_required=False, default_value=DEFAULT_BACKFILL_INTERVAL_S,
+                description="Seconds between two looks of the backfill daemon at the backfills (Dagster's: 30).",
+            ),
+        }
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StormlakeRunCoordinator:
+        config = dict(config_value)
+        interval = config.pop("backfill_interval_seconds", DEFAULT_BACKFILL_INTERVAL_S)
+        return cls(backfill_interval_seconds=interval, inst_data=inst_data, **config)
+
+
+class WarmRunLauncher(RunLauncher, ConfigurableClass):
+    """Launches each run in a fork of a process that has the code location loaded (module docstring)."""
+
+    def __init__(self, inst_data: ConfigurableClassData | None = None):
+        self._inst_data = inst_data
+        self._lock = threading.Lock()
+        self._zygote: subprocess.Popen[str] | None = None
+        self._stamp = ""
+        super().__init__()
+
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self._inst_data
+
+    @classmethod
+    def config_type(cls) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> WarmRunLauncher:
+        return cls(inst_data=inst_data)
+
+    # ---- the zygote -----------------------------------------------------------------------------
+    def _start_zygote(self) -> subprocess.Popen[str]:
+        self._stop_zygote()
+        self._stamp = code_stamp()
+        self._zygote = subprocess.Popen([sys.executable, "-m", "pipeline.launcher"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, bufsize=1, cwd=str(PROJECT_ROOT))
+        ready = self._zygote.stdout.readline() if self._zygote.stdout else ""
+        if not ready.startswith("ready"):
+            self._stop_zygote()
+            raise dg.DagsterError(f"stormlake's run launcher: its warm process did not start ({ready.strip() or 'no answer'})")
+        return self._zygote
+
+    def _stop_zygote(self) -> None:
+        proc, self._zygote = self._zygote, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def _fork(self, run_id: str) -> int:
+        """The pid of a fresh fork of the zygote executing ``run_id`` (a new zygote when needed)."""
+        with self._lock:
+            for attempt in (1, 2):
+                proc = self._zygote
+                if proc is None or proc.poll() is not None or code_stamp() != self._stamp:
+                    proc = self._start_zygote()
+                try:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(json.dumps({"run_id": run_id}) + "\n")
+                    proc.stdin.flush()
+                    answer = proc.stdout.readline()
+                    return int(json.loads(answer)["pid"])
+                except (OSError, ValueError, KeyError):
+                    self._stop_zygote()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    # ---- RunLauncher ----------------------------------------------------------------------------
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        pid = self._fork(run.run_id)
+        self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), HOST_TAG: socket.gethostname()})
+        self._instance.report_engine_event(f"Started a warm run worker for the run (pid {pid}).", run,
+                                           cls=self.__class__)
+
+    def _worker(self, run_id: str) -> int | None:
+        """The pid of the run's worker if it runs on this host."""
+        run = self._instance.get_run_by_id(run_id)
+        if run is None or run.tags.get(HOST_TAG) != socket.gethostname():
+            return None
+        try:
+            return int(run.tags.get(PID_TAG, ""))
+        except ValueError:
+            return None
+
+    def terminate(self, run_id: str) -> bool:
+        run = self._instance.get_run_by_id(run_id)
+        pid = self._worker(run_id)
+        if run is None or pid is None or run.is_finished:
+            return False
+        self._instance.report_run_canceling(run)
+        try:
+            os.kill(pid, signal.SIGINT)  # Dagster ends the run as CANCELED
+        except ProcessLookupError:
+            return False
+        return True
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
+        pid = self._worker(run.run_id)
+        if pid is None:
+            return CheckRunHealthResult(WorkerStatus.UNKNOWN, "the run's worker is not on this host")
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"the run's worker (pid {pid}) is gone")
+        except PermissionError:
+            pass
+        return CheckRunHealthResult(WorkerStatus.RUNNING)
+
+    def dispose(self) -> None:
+        with self._lock:
+            self._stop_zygote()
+
+
+# ---- the zygote's own process ---------------------------------------------------------------------
+def _execute(run_id: str) -> int:
+    """In a fork of the zygote: execute the run, as Dagster's run worker does."""
+    try:
+        with dg.DagsterInstance.get() as instance:
+            # A pool of storage connections for the run's events, as a CLI process keeps
+            # (dagster-postgres opens a connection per event otherwise).
+            dagster_compat.pool_storage_connections(instance, max_overflow=2)
+            return dagster_compat.execute_launched_run(run_id, instance)
+    except BaseException:  # noqa: BLE001 - the process ends here; the run's failure is in its events
+        traceback.print_exc()
+        return 1
+
+
+def zygote_main() -> None:
+    """Import the code location, say ``ready``, then fork one run worker per request line.
+
+    The requests come on stdin; the answers (``{"pid": N}``) go to the original stdout, which is
+    kept on a file descriptor of its own, while everything printed goes to stderr. Forked
+    children are reaped by the kernel (SIGCHLD ignored here, restored in the child).
+    """
+    import importlib
+
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    from assets.runner import prepare_process
+
+    for module in WARM_MODULES:
+        importlib.import_module(module)
+    importlib.import_module("pipeline.definitions").defs.get_repository_def()
+    # The instance's storage modules are imported when an instance is made; its connections
+    # are not kept (dagster-postgres opens one per call unless pooled, which only a run does).
+    with dg.DagsterInstance.get():
+        pass
+    # The allocator settings and the frozen heap (gc.freeze: what every run shares is never
+    # walked by a run's collections, nor copied by them) are inherited by every fork.
+    prepare_process()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon stops it by closing the pipe
+    answers.write("ready\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        run_id = json.loads(line)["run_id"]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                answers.close()
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = _execute(run_id)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        answers.write(json.dumps({"pid": pid}) + "\n")
+
+
+if __name__ == "__main__":
+    zygote_main()

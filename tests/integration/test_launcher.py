@@ -1,0 +1,147 @@
+"""stormlake's run queue and run launcher (pipeline/launcher.py) on a real instance.
+
+The runs the daemon launches through them are exercised end to end by tests/e2e/test_dagster_ui.py
+(UI backfills); these tests check the parts one by one: the instance builds them from its
+``dagster.yaml``, the coordinator sets the backfill daemon's interval and keeps the queue's
+limits, the warm process forks a worker per request and is replaced when the code changes, and
+the health check and termination find a run's worker by its tags.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import dagster as dg
+import pytest
+
+from resources import dagster_compat
+
+HANG_GUARD_S = 120  # a deadline against hanging forever, not a performance assertion
+
+
+@pytest.fixture
+def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - a DagsterInstance
+    from dagster._daemon import controller
+
+    # The coordinator sets a module constant of Dagster's daemon; put it back after the test.
+    monkeypatch.setattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", controller.DEFAULT_DAEMON_INTERVAL_SECONDS)
+    with dg.DagsterInstance.get() as inst:
+        yield inst
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.1)
+
+
+def test_the_instance_builds_the_queue_and_launcher_of_its_dagster_yaml(instance) -> None:  # noqa: ANN001
+    from pipeline.instance import BACKFILL_INTERVAL_S, DEQUEUE_INTERVAL_S, MAX_CONCURRENT_RUNS
+    from pipeline.launcher import StormlakeRunCoordinator, WarmRunLauncher
+
+    assert dagster_compat.backfill_daemon_interval() == 30  # Dagster's, before the coordinator is built
+    coordinator = instance.run_coordinator
+    assert isinstance(coordinator, StormlakeRunCoordinator)
+    assert isinstance(instance.run_launcher, WarmRunLauncher)
+    assert dagster_compat.backfill_daemon_interval() == BACKFILL_INTERVAL_S
+    queue = instance.get_concurrency_config().run_queue_config
+    assert queue is not None and queue.max_concurrent_runs == MAX_CONCURRENT_RUNS
+    assert [dict(lim) for lim in queue.tag_concurrency_limits] == [{"key": "dagster/backfill", "limit": 2}]
+    assert coordinator.dequeue_interval_seconds == DEQUEUE_INTERVAL_S
+    # The daemon would run the queue (a QueuedRunCoordinator) and the backfills.
+    assert {"QUEUED_RUN_COORDINATOR", "BACKFILL", "MONITORING"} <= set(instance.get_required_daemon_types())
+
+
+def test_the_backfill_loop_reads_the_interval_the_coordinator_sets() -> None:
+    """The backfill daemon's loop takes its interval from the constant the coordinator sets,
+    when it starts: a Dagster upgrade that moves it breaks the UI's backfill latency."""
+    from dagster._daemon import backfill, controller
+
+    code = backfill.execute_backfill_iteration_loop.__code__
+    assert "DEFAULT_DAEMON_INTERVAL_SECONDS" in code.co_names, (
+        "dagster._daemon.backfill.execute_backfill_iteration_loop no longer reads "
+        "dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS: "
+        "resources/dagster_compat.py:set_backfill_daemon_interval has no effect")
+    assert isinstance(controller.DEFAULT_DAEMON_INTERVAL_SECONDS, int | float)
+
+
+def test_the_warm_process_forks_a_worker_per_run_and_is_replaced_when_the_code_changes(
+        instance, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import pipeline.launcher as launcher
+
+    warm = instance.run_launcher
+    try:
+        # A run id the instance does not know: the worker starts, finds no run, and exits.
+        first = warm._fork(str(uuid.uuid4()))
+        zygote = warm._zygote
+        assert zygote is not None and zygote.poll() is None
+        second = warm._fork(str(uuid.uuid4()))
+        assert first != second and warm._zygote is zygote  # one warm process, a worker each
+        assert os.getpid() not in (first, second) and zygote.pid not in (first, second)
+        _wait_gone(first)
+        _wait_gone(second)
+        assert zygote.poll() is None  # the warm process outlives its workers
+        # New code: the next launch starts a new warm process and stops the old one.
+        monkeypatch.setattr(launcher, "code_stamp", lambda: "changed")
+        third = warm._fork(str(uuid.uuid4()))
+        assert warm._zygote is not zygote and zygote.poll() is not None
+        _wait_gone(third)
+        # A warm process that died is replaced on the next launch.
+        replaced = warm._zygote
+        replaced.kill()
+        replaced.wait()
+        fourth = warm._fork(str(uuid.uuid4()))
+        assert warm._zygote is not replaced and warm._zygote.poll() is None
+        _wait_gone(fourth)
+    finally:
+        warm.dispose()
+    assert warm._zygote is None
+
+
+def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  # noqa: ANN001
+    from pipeline.launcher import HOST_TAG, PID_TAG
+
+    warm = instance.run_launcher
+    here = socket.gethostname()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def run(tags: dict[str, str]) -> dg.DagsterRun:
+        return instance.add_run(dg.DagsterRun(job_name="storm_job", run_id=str(uuid.uuid4()), tags=tags,
+                                              status=dg.DagsterRunStatus.STARTED))
+
+    try:
+        alive = run({PID_TAG: str(sleeper.pid), HOST_TAG: here})
+        gone = run({PID_TAG: str(dead.pid), HOST_TAG: here})
+        elsewhere = run({PID_TAG: str(sleeper.pid), HOST_TAG: here + "-other"})
+        untagged = run({})
+        status = {name: warm.check_run_worker_health(r).status.value
+                  for name, r in (("alive", alive), ("gone", gone), ("elsewhere", elsewhere), ("untagged", untagged))}
+        assert status == {"alive": "RUNNING", "gone": "FAILED", "elsewhere": "UNKNOWN", "untagged": "UNKNOWN"}
+        assert warm.supports_check_run_worker_health
+        # Terminate: the run is marked canceling and its worker gets SIGINT (Dagster's interrupt).
+        assert warm.terminate(alive.run_id) is True
+        assert sleeper.wait(HANG_GUARD_S) == -signal.SIGINT or sleeper.returncode == 1
+        assert instance.get_run_by_id(alive.run_id).status == dg.DagsterRunStatus.CANCELING
+        assert warm.terminate(gone.run_id) is False  # nothing to stop
+        assert warm.terminate(elsewhere.run_id) is False  # not on this host
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
