@@ -384,6 +384,10 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.all:
+        from pipeline.tools.bench_year import run_year_bench
+
+        return run_year_bench(args, settings)
     if args.scale:
         from pipeline.tools.bench_scale import run_scale_bench
 
@@ -571,6 +575,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                     help="instead: time a backfill launched in the Dagster UI (GraphQL) against stormlake backfill")
     be.add_argument("--workers", action="store_true",
                     help="instead: time a backfill in 1 process against STORMLAKE_WORKERS processes, side by side")
+    be.add_argument("--all", action="store_true",
+                    help="instead: every figure of a year of small partitions in one run (small partitions, "
+                         "workers, the UI, the views at scale) against its target")
     be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)

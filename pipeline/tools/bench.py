@@ -753,6 +753,19 @@ def _failures(tally: Tally) -> list[str]:
 
 def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (resources.settings.Settings)
     """Run the benchmark of the module docstring; print the table or the JSON; 0 when every run succeeded."""
+    out, table, failures = measure_bench(args, settings)
+    if args.json:
+        sys.stderr.write(table + "\n")
+        print(json.dumps(out, indent=2))
+    else:
+        print(table)
+    for line in failures:
+        _say(line)
+    return 1 if failures else 0
+
+
+def measure_bench(args: argparse.Namespace, settings) -> tuple[dict[str, Any], str, list[str]]:  # noqa: ANN001
+    """The benchmark's figures (:func:`bench_json`), its table, and what went wrong (one line each)."""
     skip = _parse_skip(args)
     scratch = _prepare(args, settings)
     dbs = scratch.dbs
@@ -767,16 +780,8 @@ def run_bench(args: argparse.Namespace, settings) -> int:  # noqa: ANN001  (reso
         dbs.drop_all()
     out = bench_json(tally, len(scratch.keys), args.rows_per_partition, args.repeat)
     table = render_table(out, tally.results, tally.extra, embedded=dbs.embedded)
-    if args.json:
-        sys.stderr.write(table + "\n")
-        print(json.dumps(out, indent=2))
-    else:
-        print(table)
-    failures = _failures(tally)
-    for line in failures:
-        _say(line)
     shutil.rmtree(scratch.work, ignore_errors=True)
-    return 1 if failures else 0
+    return out, table, _failures(tally)
 
 
 def _share_target(phases: dict[str, float] | None) -> float | None:

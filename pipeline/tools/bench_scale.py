@@ -171,7 +171,8 @@ def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[st
     return config, counts
 
 
-def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+def measure_scale(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    """The figures of ``stormlake bench --scale`` (see the module docstring)."""
     import shutil
 
     from pipeline.tools.bench import Databases
@@ -187,8 +188,13 @@ def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace
     finally:
         dbs.drop_all()
     result = {"config": config, "ledger": counts, "views": figures}
+    return result
+
+
+def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    result = measure_scale(args, settings)
     print(json.dumps({"scale": result}, indent=2) if args.json else render_scale(result))
-    return 0 if all(f["met"] for f in figures.values()) else 1
+    return 0 if all(f["met"] for f in result["views"].values()) else 1
 
 
 def render_scale(result: dict[str, Any]) -> str:

@@ -137,7 +137,8 @@ def _cli_backfill(root: Path, name: str, landing: Path, dbs: Databases) -> float
     return wall
 
 
-def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+def measure_ui(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    """The figures of ``stormlake bench --ui`` (see the module docstring)."""
     from pipeline.tools.generate import generate_scenario
     from resources.settings import load_regions
 
@@ -158,6 +159,11 @@ def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, r
     result = {"config": {"partitions": len(keys), "rows_per_partition": args.rows_per_partition,
                          "repeat": args.repeat},
               "turns": turns, "ratio": round(ratio, 3), "target": TARGET_RATIO, "met": ratio <= TARGET_RATIO}
+    return result
+
+
+def run_ui_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    result = measure_ui(args, settings)
     print(json.dumps({"ui": result}, indent=2) if args.json else render_ui(result))
     return 0 if result["met"] else 1
 

@@ -70,7 +70,8 @@ def take_turns(settings, repeat: int, names: tuple[str, str, str],  # noqa: ANN0
     return turns
 
 
-def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    """The figures of ``stormlake bench --workers`` (see the module docstring)."""
     partitions, rows = args.partitions, args.rows_per_partition
     workers = max(2, settings.workers)
     root = settings.home / "bench" / "workers"
@@ -86,6 +87,11 @@ def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespa
                          "repeat": args.repeat},
               "turns": turns, "speedup": round(speedup, 3), "target": TARGET_SPEEDUP,
               "met": speedup >= TARGET_SPEEDUP}
+    return result
+
+
+def run_workers_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
+    result = measure_workers(args, settings)
     print(json.dumps({"workers": result}, indent=2) if args.json else render_workers(result))
     return 0 if result["met"] else 1
 

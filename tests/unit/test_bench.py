@@ -115,3 +115,27 @@ def test_the_bare_loop_runs_every_phase_through_its_own_compute(tmp_path: Path) 
     assert summary.column("quarantined_rows").to_pylist() == [quarantine.num_rows]  # present saw ingest's count
     published = tmp_path / "published" / regions[0].region_id / "2026-09-01"
     assert sorted(f.name for f in published.iterdir()) == ["clusters.geojson", "report.html", "summary.json"]
+
+
+def test_bench_all_lists_every_figure_against_its_target() -> None:
+    """``stormlake bench --all``: one row per figure, met or not from the measured values."""
+    import doctest
+
+    import pipeline.tools.bench_year as year
+
+    assert doctest.testmod(year).failed == 0
+    small = {"ratios": {"pipeline_vs_bare": 1.05}, "runs": {"bare": {"wall_s": 10.0}},
+             "config": {"partitions": 40, "rows_per_partition": 500}}
+    workers = {"speedup": 1.5, "target": 1.6, "config": {"partitions": 16, "rows_per_partition": 20_000}}
+    ui = {"ratio": 1.4, "target": 1.5, "config": {"partitions": 20, "rows_per_partition": 500}}
+    scale = {"ledger": {"partitions": 18_250},
+             "views": {"status": {"median_s": 0.5, "target_s": 1.0, "met": True},
+                       "report": {"median_s": 3.5, "target_s": 3.0, "met": False}}}
+    rows = {r["figure"]: r for r in year.figures(small, workers, ui, scale)}
+    assert {k: v["met"] for k, v in rows.items()} == {
+        "status (18,250 partitions)": True, "report (18,250 partitions)": False,
+        "pipeline / bare (40 x 500)": True, "bare seconds per partition (40 x 500)": False,
+        "UI backfill / CLI (20 x 500)": True, "workers speedup (16 x 20,000)": False}
+    assert rows["bare seconds per partition (40 x 500)"]["value"] == "0.250 s"
+    table = year.render(list(rows.values()))
+    assert table.count("\n") == len(rows) + 1 and "workers speedup (16 x 20,000)" in table
