@@ -14,8 +14,8 @@ partition's failure stays its own), a year's backfill from the UI paid that star
 :class:`WarmRunLauncher` keeps one process (the *zygote*) with all of that imported and the code
 location loaded, and forks it for each run; the fork executes the run exactly as Dagster's own
 run worker does (:func:`resources.dagster_compat.execute_launched_run`), so the run's events,
-status, retries and pools are Dagster's. The zygote holds no thread, connection or open table
-when it forks, so a run starts from a clean copy.
+status, retries and pools are Dagster's. The zygote holds no connection, pool, open table or
+thread of its own when it forks, so a run starts from a clean copy.
 
 - The zygote is started by the launcher on the first run (in the daemon's process) and reads
   one request a line on its stdin; it exits when that pipe closes, which happens when the
