@@ -37,8 +37,10 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.text import Text
 
 from resources.settings import Region
 
@@ -145,9 +147,9 @@ def figure_png(canvas: FigureCanvasAgg) -> bytes:
     return encode_png(np.asarray(canvas.buffer_rgba()), dpi=canvas.figure.dpi)
 
 
-def _note(ax: Axes, text: str, *, fontsize: float) -> None:
+def _note(ax: Axes, text: str, *, fontsize: float) -> Text:
     """A grey line of text in the middle of ``ax``, where a picture has nothing to draw."""
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=fontsize)
+    return ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=fontsize)
 
 
 def _y_axis_px(axis: YAxis, canvas: FigureCanvasAgg) -> float:
@@ -204,45 +206,97 @@ def render_map_png(*, region: Region, day: str, cell_risk: pd.DataFrame, cluster
         return _draw_map(region, day, cell_risk, clusters)
 
 
+#: How far beyond the region's box the map shows, in degrees of latitude (about 2.2 km; a
+#: resolution-7 H3 cell reaches at most about 1.4 km from its centre, so a cell of the region
+#: that straddles the box's edge is drawn whole). Longitude: the same ground distance.
+MAP_MARGIN_DEG = 0.02
+#: Map templates kept per process (one per region; a year of 50 regions keeps all of them).
+MAP_TEMPLATES = 64
+
+
+class _MapTemplate:
+    """What every map of one region shares, drawn once: the axes with their limits, aspect, grid,
+    ticks, tick and axis labels, and the colorbar, as pixels (``background``).
+
+    A map is these pixels with the day's artists drawn over them (:func:`_draw_map`): the cells,
+    the region's box and the axes' spines over the cells, the clusters, the legend and the title.
+    The pixels of a map depend only on its region and its data, never on what was drawn before:
+    every map starts from the same background and draws its own artists in a fixed order.
+    """
+
+    def __init__(self, region: Region) -> None:
+        self.fig, self.canvas = new_figure(MAP_SIZE_IN)
+        self.ax = self.fig.add_axes((0.1, _MAP_BOTTOM, _MAP_RIGHT - 0.1, _MAP_TOP - _MAP_BOTTOM))  # left: fitted
+        self.norm = Normalize(vmin=0.0, vmax=1.0)  # fixed scale so that days compare at a glance
+        self.cmap = mpl.colormaps[RISK_CMAP]
+        _frame_map(self.ax, region, map_extent(region))
+        _fit_map(self.ax, self.canvas)
+        _risk_colorbar(self.fig, self.ax, self.norm, self.cmap)
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+
+
+_map_templates: dict[Region, _MapTemplate] = {}
+
+
+def map_extent(region: Region) -> tuple[float, float, float, float]:
+    """(xmin, xmax, ymin, ymax) of every map of ``region``: its box and :data:`MAP_MARGIN_DEG` around."""
+    mid_lat = (region.min_lat + region.max_lat) / 2.0
+    dx = MAP_MARGIN_DEG / max(math.cos(math.radians(mid_lat)), 0.01)
+    return region.min_lon - dx, region.max_lon + dx, region.min_lat - MAP_MARGIN_DEG, region.max_lat + MAP_MARGIN_DEG
+
+
+def _map_template(region: Region) -> _MapTemplate:
+    template = _map_templates.pop(region, None) or _MapTemplate(region)
+    _map_templates[region] = template  # most recently used last
+    while len(_map_templates) > MAP_TEMPLATES:
+        _map_templates.pop(next(iter(_map_templates)))
+    return template
+
+
 def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.DataFrame) -> bytes:
-    """The body of :func:`render_map_png`: the figure dies when this frame returns (see :func:`_style`)."""
-    fig, canvas = new_figure(MAP_SIZE_IN)
-    ax = fig.add_axes((0.1, _MAP_BOTTOM, _MAP_RIGHT - 0.1, _MAP_TOP - _MAP_BOTTOM))  # left: fitted in _fit_map
-    norm = Normalize(vmin=0.0, vmax=1.0)  # fixed scale so that days compare at a glance
-    cmap = mpl.colormaps[RISK_CMAP]
-    extent = _draw_risk_cells(ax, region, cell_risk, norm, cmap)
-    _draw_region_box(ax, region)
-    n_clusters = _draw_cluster_outlines(ax, clusters)
-    _frame_map(ax, region, day, extent)
-    _fit_map(ax, canvas)
-    _risk_colorbar(fig, ax, norm, cmap)
-    _map_legend(ax, n_clusters)
-    return figure_png(canvas)
+    """The body of :func:`render_map_png`: the region's template, then the day's artists over it.
+
+    Each artist is added, drawn on its own (``draw_artist``) and removed again, so the template
+    stays as it was built.
+    """
+    t = _map_template(region)
+    ax = t.ax
+    coll = _risk_cells(cell_risk, t.norm, t.cmap)
+    below: list = []  # drawn under the axes' spines
+    above: list = []  # drawn over them
+    try:
+        below.append(ax.add_collection(coll, autolim=False) if coll is not None
+                     else _note(ax, "No cell data for this day", fontsize=12))
+        below.append(_region_box(ax, region))
+        outlines, labels = _cluster_outlines(ax, clusters)
+        above += outlines + labels
+        above.append(_map_legend(ax, len(clusters)))
+        # An explicit y skips the per-draw search for top tick labels to dodge (there are none).
+        ax.set_title(f"{region.name} — outage risk by H3 cell, {day} (UTC)", y=1.0)
+        t.canvas.restore_region(t.background)
+        for artist in [*below, *ax.spines.values(), *above, ax.title]:
+            ax.draw_artist(artist)
+        return encode_png(np.asarray(t.canvas.buffer_rgba()), dpi=t.fig.dpi)
+    finally:
+        for artist in [*below, *above]:
+            artist.remove()
+        ax.set_title("")
 
 
-def _draw_risk_cells(
-    ax: Axes, region: Region, cell_risk: pd.DataFrame, norm: Normalize, cmap: Colormap
-) -> tuple[float, float, float, float]:
-    """The cells as hexagons coloured by risk (a note when there are none); returns the extent to
-    show, (xmin, xmax, ymin, ymax): the region's box, widened to the cells that straddle its edge."""
-    cells = cell_risk.sort_values("cell_id", kind="mergesort") if len(cell_risk) else cell_risk
-    xmin, xmax, ymin, ymax = region.min_lon, region.max_lon, region.min_lat, region.max_lat
-    if not len(cells):
-        _note(ax, "No cell data for this day", fontsize=12)
-        return xmin, xmax, ymin, ymax
+def _risk_cells(cell_risk: pd.DataFrame, norm: Normalize, cmap: Colormap) -> PolyCollection | None:
+    """The cells as hexagons coloured by risk, one collection (None when there are none)."""
+    if not len(cell_risk):
+        return None
+    cells = cell_risk.sort_values("cell_id", kind="mergesort")
     verts = _cell_polygons(cells["cell_id"].tolist())
     risk = cells["risk"].astype(float).fillna(0.0).to_numpy()
-    coll = PolyCollection(verts, array=risk, cmap=cmap, norm=norm, edgecolors="#ffffff", linewidths=0.15)
-    ax.add_collection(coll, autolim=False)  # limits are set once by _frame_map, not per patch
-    allv = verts.reshape(-1, 2) if isinstance(verts, np.ndarray) else np.concatenate(verts)
-    xmin, xmax = min(xmin, float(allv[:, 0].min())), max(xmax, float(allv[:, 0].max()))
-    ymin, ymax = min(ymin, float(allv[:, 1].min())), max(ymax, float(allv[:, 1].max()))
-    return xmin, xmax, ymin, ymax
+    return PolyCollection(verts, array=risk, cmap=cmap, norm=norm, edgecolors="#ffffff", linewidths=0.15)
 
 
-def _draw_region_box(ax: Axes, region: Region) -> None:
+def _region_box(ax: Axes, region: Region) -> Rectangle:
     """The region's box, dashed."""
-    ax.add_patch(
+    return ax.add_patch(
         Rectangle(
             (region.min_lon, region.min_lat),
             region.max_lon - region.min_lon,
@@ -255,9 +309,9 @@ def _draw_region_box(ax: Axes, region: Region) -> None:
     )
 
 
-def _draw_cluster_outlines(ax: Axes, clusters: pd.DataFrame) -> int:
+def _cluster_outlines(ax: Axes, clusters: pd.DataFrame) -> tuple[list, list]:
     """Each storm cluster outlined and labelled ``C<id>`` just above its outline, not on its centre,
-    so that small clusters stay visible. Returns the number of clusters."""
+    so that small clusters stay visible. Returns the outlines' collections and the labels."""
     ordered = clusters.sort_values("cluster_id", kind="mergesort") if len(clusters) else clusters
     rings: list[np.ndarray] = []
     labels: list[tuple[str, float, float]] = []
@@ -266,11 +320,12 @@ def _draw_cluster_outlines(ax: Axes, clusters: pd.DataFrame) -> int:
         rings.extend(own)
         top = max(float(r[:, 1].max()) for r in own) if own else float(row.center_lat)
         labels.append((f"C{int(row.cluster_id)}", float(row.center_lon), top))
+    outlines = []
     if rings:
         # A white halo under the outline keeps it readable over the darkest cells.
-        ax.add_collection(LineCollection(rings, colors="white", linewidths=3.2, zorder=3), autolim=False)
-        ax.add_collection(LineCollection(rings, colors=OUTLINE, linewidths=1.6, zorder=3), autolim=False)
-    for text, lon, lat in labels:
+        outlines.append(ax.add_collection(LineCollection(rings, colors="white", linewidths=3.2, zorder=3), autolim=False))
+        outlines.append(ax.add_collection(LineCollection(rings, colors=OUTLINE, linewidths=1.6, zorder=3), autolim=False))
+    texts = [
         ax.annotate(
             text,
             (lon, lat),
@@ -284,12 +339,14 @@ def _draw_cluster_outlines(ax: Axes, clusters: pd.DataFrame) -> int:
             zorder=4,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": OUTLINE, "lw": 0.8, "alpha": 0.9},
         )
-    return len(ordered)
+        for text, lon, lat in labels
+    ]
+    return outlines, texts
 
 
-def _frame_map(ax: Axes, region: Region, day: str, extent: tuple[float, float, float, float]) -> None:
+def _frame_map(ax: Axes, region: Region, extent: tuple[float, float, float, float]) -> None:
     """Limits a little wider than ``extent``, equal ground distances on both axes at the region's
-    latitude, the axis labels, the title and a light grid."""
+    latitude, the axis labels and a light grid."""
     xmin, xmax, ymin, ymax = extent
     pad_x, pad_y = (xmax - xmin) * 0.02, (ymax - ymin) * 0.02
     ax.set_xlim(xmin - pad_x, xmax + pad_x)
@@ -298,8 +355,6 @@ def _frame_map(ax: Axes, region: Region, day: str, extent: tuple[float, float, f
     ax.set_aspect(1.0 / max(math.cos(math.radians(mid_lat)), 0.01))
     ax.set_xlabel("Longitude (°)")
     ax.set_ylabel("Latitude (°)")
-    # An explicit y skips the per-draw search for top tick labels to dodge (there are none).
-    ax.set_title(f"{region.name} — outage risk by H3 cell, {day} (UTC)", y=1.0)
     ax.grid(True, linewidth=0.3, color="#bbbbbb", zorder=0)
     ax.set_axisbelow(True)
 
@@ -325,13 +380,13 @@ def _risk_colorbar(fig: Figure, ax: Axes, norm: Normalize, cmap: Colormap) -> No
     cbar.set_label("Risk (0 = none, 1 = highest)")
 
 
-def _map_legend(ax: Axes, n_clusters: int) -> None:
+def _map_legend(ax: Axes, n_clusters: int) -> Legend:
     """What the outlines and the dashed frame are."""
     handles = [
         Line2D([], [], color=OUTLINE, linewidth=1.6, label=f"Storm cluster ({n_clusters})"),
         Line2D([], [], color="#444444", linewidth=0.9, linestyle="--", label="Region box"),
     ]
-    ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
+    return ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
 
 
 def render_hourly_png(*, region: Region, day: str, enriched: pd.DataFrame, cell_hour: pd.DataFrame) -> bytes:
@@ -368,39 +423,103 @@ def render_hourly_png(*, region: Region, day: str, enriched: pd.DataFrame, cell_
         return _draw_hourly(region, day, counts, gust)
 
 
+#: The tops of the hourly chart's two value axes are one of these times a power of ten, the
+#: smallest at or above 1.15 × the day's highest value: the charts of most days share a template.
+_NICE_TOPS = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+#: Hourly templates kept per process (one per pair of axis tops, whatever the region).
+HOURLY_TEMPLATES = 64
+
+
+def nice_top(value: float) -> float:
+    """The top of a value axis showing values up to ``value``: 15 % of headroom, then the next of
+    :data:`_NICE_TOPS` times a power of ten (1.0 when there is nothing to show).
+
+    Example:
+        >>> [nice_top(v) for v in (0, 1, 7, 13, 87, 1000, 23.4)]
+        [1.0, 1.2, 10.0, 15.0, 120.0, 1200.0, 30.0]
+    """
+    target = value * 1.15
+    if not math.isfinite(target) or target <= 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(target))
+    for step in _NICE_TOPS:
+        top = round(step * scale, 12)
+        if top >= target - 1e-12:
+            return top
+    return round(10.0 * scale, 12)  # pragma: no cover - 10.0 is always enough
+
+
+class _HourlyTemplate:
+    """What every hourly chart with the same two axis tops shares, drawn once: both value axes
+    with their ticks and labels, the hour axis, the grid and the legend, as pixels. A chart is
+    these pixels with its bars, the axes' spines, its gust line, its note and its title over them."""
+
+    def __init__(self, count_top: float, gust_top: float) -> None:
+        hours = np.arange(24)
+        self.fig, self.canvas = new_figure(HOURLY_SIZE_IN)
+        ax = self.ax = self.fig.add_axes((0.1, _HOURLY_BOTTOM, 0.8, _HOURLY_TOP - _HOURLY_BOTTOM))  # sides: fitted
+        ax.set_xlim(-0.6, 23.6)
+        ax.set_xticks(hours[::2])
+        ax.set_xlabel("Hour of day (UTC)")
+        ax.set_ylabel("Outages")
+        ax.set_ylim(0, count_top)
+        ax.grid(True, axis="y", linewidth=0.3, color="#bbbbbb", zorder=0)
+        ax2 = self.ax2 = ax.twinx()
+        ax2.set_ylim(0, gust_top)
+        ax2.set_ylabel("Max wind gust (m/s)")
+        handles = [Rectangle((0, 0), 1, 1, color=BAR_COLOR, label="Outages reported"),
+                   Line2D([], [], color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust")]
+        # Below the plot: inside it would hide bars or the gust line.
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
+                  frameon=False)
+        width = HOURLY_SIZE_IN[0] * DPI
+        left, right = _y_axis_px(ax.yaxis, self.canvas) / width, 1.0 - _y_axis_px(ax2.yaxis, self.canvas) / width
+        ax.set_position((left, _HOURLY_BOTTOM, right - left, _HOURLY_TOP - _HOURLY_BOTTOM))  # ax2 follows
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+
+
+_hourly_templates: dict[tuple[float, float], _HourlyTemplate] = {}
+
+
+def _hourly_template(count_top: float, gust_top: float) -> _HourlyTemplate:
+    key = (count_top, gust_top)
+    template = _hourly_templates.pop(key, None) or _HourlyTemplate(count_top, gust_top)
+    _hourly_templates[key] = template  # most recently used last
+    while len(_hourly_templates) > HOURLY_TEMPLATES:
+        _hourly_templates.pop(next(iter(_hourly_templates)))
+    return template
+
+
 def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray) -> bytes:
-    """The body of :func:`render_hourly_png` (24 counts, 24 gusts); the figure dies with this frame."""
+    """The body of :func:`render_hourly_png` (24 counts, 24 gusts): the template of its axis tops,
+    then the day's artists over it, each added, drawn and removed again (see :func:`_draw_map`)."""
     hours = np.arange(24)
-    fig, canvas = new_figure(HOURLY_SIZE_IN)
-    ax = fig.add_axes((0.1, _HOURLY_BOTTOM, 0.8, _HOURLY_TOP - _HOURLY_BOTTOM))  # sides: fitted below
+    finite = gust[np.isfinite(gust)]
+    t = _hourly_template(nice_top(max(1, int(counts.max()))), nice_top(float(finite.max()) if finite.size else 0.0))
+    ax, ax2 = t.ax, t.ax2
     # One collection for the 24 bars (``Axes.bar`` makes, adds and draws a patch per bar).
     bars = np.zeros((24, 4, 2))
     bars[:, :, 0] = hours[:, None] + np.array([-0.4, 0.4, 0.4, -0.4])
     bars[:, 2:, 1] = counts[:, None]
-    ax.add_collection(
-        PolyCollection(bars, facecolors=BAR_COLOR, edgecolors="none", linewidths=0.0, zorder=2), autolim=False
-    )
-    ax.set_xlim(-0.6, 23.6)
-    ax.set_xticks(hours[::2])
-    ax.set_xlabel("Hour of day (UTC)")
-    ax.set_ylabel("Outages")
-    ax.set_ylim(0, max(1, int(counts.max())) * 1.15)
-    ax.grid(True, axis="y", linewidth=0.3, color="#bbbbbb", zorder=0)
-    ax2 = ax.twinx()
-    ax2.plot(hours, gust, color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust")
-    finite = gust[np.isfinite(gust)]
-    ax2.set_ylim(0, (float(finite.max()) if finite.size else 1.0) * 1.15 or 1.0)
-    ax2.set_ylabel("Max wind gust (m/s)")
-    ax.set_title(f"{region.name} — outages per hour and max gust, {day}", y=1.0)  # y: see the map
-    handles = [Rectangle((0, 0), 1, 1, color=BAR_COLOR, label="Outages reported"),
-               *ax2.get_legend_handles_labels()[0]]
-    # Below the plot: inside it would hide bars or the gust line.
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False
-    )
-    if not counts.any():
-        _note(ax, "No outages reported", fontsize=11)
-    width = HOURLY_SIZE_IN[0] * DPI
-    left, right = _y_axis_px(ax.yaxis, canvas) / width, 1.0 - _y_axis_px(ax2.yaxis, canvas) / width
-    ax.set_position((left, _HOURLY_BOTTOM, right - left, _HOURLY_TOP - _HOURLY_BOTTOM))  # ax2 follows
-    return figure_png(canvas)
+    added: list = []
+    try:
+        added.append(ax.add_collection(
+            PolyCollection(bars, facecolors=BAR_COLOR, edgecolors="none", linewidths=0.0, zorder=2), autolim=False))
+        if not counts.any():
+            added.append(_note(ax, "No outages reported", fontsize=11))
+        added += ax2.plot(hours, gust, color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust",
+                          scalex=False, scaley=False)
+        ax.set_title(f"{region.name} — outages per hour and max gust, {day}", y=1.0)  # y: see _draw_map
+        t.canvas.restore_region(t.background)
+        # In a full drawing's order: the bar axes (bars, then its spines over them, note, title),
+        # then the gust axes (line, spines).
+        for artist in [added[0], *ax.spines.values(), *added[1:-1], ax.title]:
+            ax.draw_artist(artist)
+        for artist in [added[-1], *ax2.spines.values()]:
+            ax2.draw_artist(artist)
+        return encode_png(np.asarray(t.canvas.buffer_rgba()), dpi=t.fig.dpi)
+    finally:
+        for artist in added:
+            artist.remove()
+        ax.set_title("")

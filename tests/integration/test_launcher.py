@@ -29,8 +29,9 @@ HANG_GUARD_S = 120  # a deadline against hanging forever, not a performance asse
 def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - a DagsterInstance
     from dagster._daemon import controller
 
-    # The coordinator sets a module constant of Dagster's daemon; put it back after the test.
-    monkeypatch.setattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", controller.DEFAULT_DAEMON_INTERVAL_SECONDS)
+    # The coordinator sets a module constant of Dagster's daemon (any instance built earlier in
+    # this process set it already): start from Dagster's value, and put it back after the test.
+    monkeypatch.setattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", 30)
     with dg.DagsterInstance.get() as inst:
         yield inst
 

@@ -387,7 +387,9 @@ def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], ins
 
     assert {defs.resolve_assets_def(p.tables[0]).op.pool for p in PHASES} == set(pool_keys())
     assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
-    assert instance.run_coordinator.__class__.__name__ == "QueuedRunCoordinator"
+    from pipeline.launcher import StormlakeRunCoordinator
+
+    assert isinstance(instance.run_coordinator, StormlakeRunCoordinator)  # Dagster's queued one, subclassed
     # Dagster's storage is on the ledger's server, in a database of its own named after the ledger's.
     tables_sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
     ledger_tables = {r["table_name"] for r in query(_ledger(), tables_sql)}
