@@ -31,9 +31,9 @@ ARGS = ("backfill", "--workers", "2", "--regions", ",".join(REGIONS), "--days", 
 
 @pytest.fixture(scope="module")
 def twelve_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 regions x 3 days x 800 outage rows."""
+    """4 regions x 3 days x 300 outage rows."""
     return generated_landing(tmp_path_factory.mktemp("twelve") / "landing", regions=4, days=3,
-                             rows_per_partition=800, seed=11)
+                             rows_per_partition=300, seed=11)
 
 
 def test_four_backfills_at_once_compute_and_deliver_everything_once(pg_dsn: str, twelve_landing: Path,
