@@ -13,10 +13,8 @@ from assets.materialize import asset_options, materialize_phase
 from assets.phases import CORRELATE
 from assets.schemas import CELL_HOUR_STATS, CELL_RISK, STORM_CLUSTERS
 from assets.transforms.correlate import correlate_storm
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
-from resources.publisher import PublisherResource
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:

@@ -13,10 +13,8 @@ from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
 from assets.schemas import OUTAGES_ENRICHED
 from assets.transforms.enrich import enrich_partition
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
-from resources.publisher import PublisherResource
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:

@@ -13,10 +13,8 @@ from assets.landing_files import landing_files, observe_for_ingest
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
 from assets.transforms.ingest import ingest_partition
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
-from resources.publisher import PublisherResource
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:

@@ -28,7 +28,8 @@ import dagster as dg
 
 from assets.partitions import PARTITIONS, landing_keys, split_key
 from resources import dagster_compat
-from resources.landing import Landing, LandingResource
+from resources.dagster_resources import LandingResource
+from resources.landing import Landing
 
 LANDING_FILES = "landing_files"
 LANDING_KEY = dg.AssetKey(LANDING_FILES)

@@ -25,12 +25,11 @@ from assets.partitions import split_key
 from assets.phases import Phase
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.errors import StormlakeError
 from resources.keys import partition_key
-from resources.lake import Lake, LakeResource
-from resources.landing import LandingResource
+from resources.lake import Lake
 from resources.ledger_resource import LedgerResource
-from resources.publisher import PublisherResource
 from resources.settings import load_settings
 
 # Dagster-level retries of transient errors, on top of the ledger's and the webhook target's own

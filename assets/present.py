@@ -15,11 +15,10 @@ from assets.phases import PRESENT
 from assets.quality import Measures, Quality, grade_signal
 from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.landing_layout import partition_file
 from resources.ledger_resource import LedgerResource
-from resources.publisher import Artifact, PublisherResource
+from resources.publisher import Artifact
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:

@@ -133,7 +133,9 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
-    from pipeline.orchestrate import Progress, run_partitions_in_workers
+    """Run the partitions: those whose every phase would skip are reported by the preflight
+    (:mod:`pipeline.preflight`, no Dagster), the others go through Dagster."""
+    from pipeline.progress import Progress
 
     _prepare(settings)
     if not keys:
@@ -142,7 +144,18 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
     workers = workers or settings.workers
     sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']}"
                      f"{f', up to {workers} processes' if workers > 1 else ''})\n")
-    return run_partitions_in_workers(keys, workers=workers, progress=Progress(len(keys)), force=force)
+    progress = Progress(len(keys))
+    done: list = []
+    if force is None:  # a forced re-run has work in every partition
+        from pipeline.preflight import sort_out
+
+        keys, done = sort_out(keys, settings, on_done=progress.finished)
+    if not keys:
+        progress.close()
+        return done
+    from pipeline.orchestrate import run_partitions_in_workers
+
+    return done + run_partitions_in_workers(keys, workers=workers, progress=progress, force=force)
 
 
 def _force(args: argparse.Namespace):  # -> assets.runner.Force | None

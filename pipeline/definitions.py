@@ -32,10 +32,8 @@ from assets.present import operational_picture
 from pipeline.jobs import observe_landing, storm_job
 from pipeline.schedules import SCHEDULES
 from pipeline.sensors import SENSORS
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
-from resources.publisher import PublisherResource
 from resources.settings import load_settings
 
 

@@ -14,7 +14,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import dagster as dg
 
@@ -22,6 +21,7 @@ from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from assets.runner import Force
 from pipeline.jobs import LAUNCHED_BY
+from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
 from resources.keys import split_partition_key
@@ -34,9 +34,6 @@ ASSET_PHASE = dict(TABLE_PHASE)
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 PID_TAG = "stormlake/pid"
 HOST_TAG = "stormlake/host"
-# Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:
-# later partitions would fail the same way, so a backfill stops at the first one.
-DB_DOWN_CLASSES = {"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"}
 
 
 def _db_down(exc: BaseException) -> bool:
@@ -46,22 +43,6 @@ def _db_down(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-@dataclass
-class PartitionRun:
-    key: str
-    ok: bool
-    run_id: str
-    seconds: float
-    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
-    delivered: list[str] = field(default_factory=list)
-    error: str | None = None
-    error_class: str | None = None
-
-    @property
-    def ledger_down(self) -> bool:
-        return self.error_class in DB_DOWN_CLASSES
 
 
 def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
@@ -122,45 +103,6 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
         run.error = "run failed (see the run in the Dagster UI)"
     run.seconds = time.monotonic() - start
     return run
-
-
-class Progress:
-    """A one-line-per-partition progress display on stderr (bar redrawn in place on a TTY)."""
-
-    MARK = {"COMPLETED": "done", "SKIPPED": "skip", "FAILED": "FAIL"}
-
-    def __init__(self, total: int, *, stream=sys.stderr):
-        self.total = total
-        self.done = 0
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.start = time.monotonic()
-
-    def _bar(self) -> str:
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        return "[" + "#" * filled + "." * (width - filled) + f"] {self.done}/{self.total}"
-
-    def starting(self, key: str) -> None:
-        if self.tty:
-            self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
-            self.stream.flush()
-
-    def finished(self, run: PartitionRun) -> None:
-        self.done += 1
-        phases = " ".join(f"{p.name}:{self.MARK.get(run.phases.get(p.name, ''), '-')}" for p in PHASES)
-        line = f"{self._bar()} {run.key:<28} {phases}  {run.seconds:5.1f}s"
-        if run.delivered:
-            line += f"  delivered {len(run.delivered)}"
-        if run.error:
-            line += f"\n    error: {run.error}"
-        self.stream.write(("\r" if self.tty else "") + line + ("\033[K" if self.tty else "") + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        elapsed = time.monotonic() - self.start
-        self.stream.write(f"{self.done}/{self.total} partitions in {elapsed:.1f}s\n")
-        self.stream.flush()
 
 
 def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
@@ -548,7 +490,6 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     every phase exactly-once whichever process runs it. Once PostgreSQL is gone, no further
     block is started.
     """
-    import multiprocessing as mp
     import threading
 
     blocks = worker_blocks(keys, workers, max_per_run)

@@ -48,12 +48,11 @@ from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
 from pipeline.jobs import LAUNCHED_BY, storm_job
-from resources.lake import LakeResource
-from resources.landing import Landing, LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
+from resources.landing import Landing
 from resources.ledger import Event, Ledger
 from resources.ledger_resource import LedgerResource
 from resources.ledger_views import LedgerViews
-from resources.publisher import PublisherResource
 
 SENSOR_INTERVAL_S = 30
 OUTBOX_BATCH = 500

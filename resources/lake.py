@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -389,15 +388,3 @@ def _with_partition(data: pa.Table, region_id: str, day: str) -> pa.Table:
         if name not in data.column_names:
             data = data.append_column(name, pa.repeat(pa.scalar(value, pa.string()), data.num_rows))
     return data
-
-
-# ---- Dagster resource --------------------------------------------------------------------
-
-
-class LakeResource(dg.ConfigurableResource):
-    """The lake root (``STORMLAKE_LAKE``); ``get`` binds it to the tables' schemas."""
-
-    root: str
-
-    def get(self, schemas: dict[str, pa.Schema], *, partition_by: list[str]) -> Lake:
-        return Lake(self.root, schemas, partition_by=partition_by)

@@ -21,9 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import dagster as dg
-from pydantic import PrivateAttr
-
 from resources import landing_layout as layout
 from resources.settings import REGION_ID_RE
 
@@ -150,29 +147,3 @@ class Landing:
 
     def is_empty(self) -> bool:
         return not self.partitions()
-
-
-# ---- Dagster resource --------------------------------------------------------------------
-
-
-class LandingResource(dg.ConfigurableResource):
-    """The landing zone (``STORMLAKE_LANDING``) and the region list it is read with."""
-
-    root: str
-    regions_file: str
-    _landing: Landing | None = PrivateAttr(default=None)
-
-    def get(self) -> Landing:
-        """The landing zone: the same :class:`Landing` on every call, so its digests are computed once.
-
-        Dagster initializes a resource per step (and per sensor tick): the digests are shared by
-        everything in it, such as every partition of a range step.
-        """
-        if self._landing is None:
-            self._landing = Landing(Path(self.root))
-        return self._landing
-
-    def regions(self):  # -> dict[str, Region]
-        from resources.settings import load_regions
-
-        return {r.region_id: r for r in load_regions(self.regions_file)}

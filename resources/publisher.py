@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import dagster as dg
-
 from resources.errors import DeliveryExhausted, DeliveryRejected
 from resources.files import write_atomic
 
@@ -156,20 +154,3 @@ def build_targets(publish_dir: Path, webhook_url: str | None, *, timeout_s: floa
     if webhook_url:
         targets.append(WebhookTarget(webhook_url, timeout_s=timeout_s, max_tries=max_tries, backoff_s=backoff_s))
     return targets
-
-
-# ---- Dagster resource --------------------------------------------------------------------
-
-
-class PublisherResource(dg.ConfigurableResource):
-    """Delivery targets: the publish directory, and the webhook when its URL is set."""
-
-    publish_dir: str
-    webhook_url: str = ""
-    webhook_timeout_s: float = 10.0
-    webhook_tries: int = 5
-    webhook_backoff_s: float = 0.5
-
-    def targets(self) -> list[Target]:
-        return build_targets(Path(self.publish_dir), self.webhook_url or None, timeout_s=self.webhook_timeout_s,
-                             max_tries=self.webhook_tries, backoff_s=self.webhook_backoff_s)

@@ -286,5 +286,10 @@ def test_backfill_from_a_phase_recomputes_it_and_the_later_ones_and_delivers_not
     assert published_state(home) == files  # the same bytes: nothing published again
     rows = [r for r in status_json(env, tmp_path)["partitions"] if (r["day"], r["region"]) == ("2026-09-01", "gulf_coast")]
     assert rows and rows[0]["tier"] == 4
-    again = stormlake(*args, env=env, cwd=tmp_path)
+    # The rerun is decided by the preflight alone: the process never imports Dagster, the code
+    # location or the phases' libraries (PYTHONPROFILEIMPORTTIME lists every import on stderr).
+    again = stormlake(*args, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=tmp_path)
     assert "0 phases computed, 0 artifact deliveries" in again.stdout, again.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")}
+    assert "assets.runner" in imported, sorted(imported)[:20]
+    assert not imported & {"dagster", "pipeline.definitions", "pipeline.orchestrate", "matplotlib"}, sorted(imported)

@@ -18,11 +18,9 @@ from assets.partitions import region_ids
 from assets.phases import ENRICH, INGEST, PHASES, table_keys
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
 from resources.dagster_compat import fail_dead_run
-from resources.lake import LakeResource
-from resources.landing import LandingResource
+from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
-from resources.publisher import PublisherResource
 from tests.helpers import KEY, materialize
 from tests.ledger_sql import query
 

@@ -1,0 +1,68 @@
+"""The CLI's preflight, before Dagster: which selected partitions have work at all.
+
+A partition whose every phase would skip (the ledger's head checkpoints are current for its
+inputs, as :meth:`assets.runner.PhaseRunner.current_heads` decides) is reported done here, with
+its skips recorded, and needs no Dagster run. Only the partitions left go on to Dagster
+(:mod:`pipeline.orchestrate`). This module imports neither Dagster nor the code location, so a
+rerun of published partitions never pays for them: importing Dagster, preparing its instance
+(its storage modules and a connection) and loading the definitions with the phases' libraries
+was most of a rerun's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from assets.context import PartitionRef
+from assets.phases import PHASES
+from assets.runner import PhaseRunner
+from pipeline.progress import PartitionRun
+from resources.settings import Settings, load_regions
+
+
+def light_runner(settings: Settings) -> PhaseRunner:
+    """A phase runner on the settings' ledger, lake, landing zone and targets, built without Dagster
+    (the same objects the code location's resources give a run)."""
+    from assets.schemas import PARTITION_COLUMNS, SCHEMAS
+    from resources.lake import Lake
+    from resources.landing import Landing
+    from resources.ledger import get_ledger
+    from resources.pgserver import resolve_dsns
+    from resources.publisher import build_targets
+
+    dsn = settings.pg_dsn or resolve_dsns(None, settings.pgdata)[0]
+    return PhaseRunner(
+        ledger=get_ledger(dsn),
+        lake=Lake(settings.lake, SCHEMAS, partition_by=PARTITION_COLUMNS),
+        landing=Landing(settings.landing),
+        targets=build_targets(settings.publish_dir, settings.webhook_url or None, timeout_s=settings.webhook_timeout_s,
+                              max_tries=settings.webhook_tries, backoff_s=settings.webhook_backoff_s),
+        regions={r.region_id: r for r in load_regions(settings.regions_file)},
+        dead_letter_after=settings.dead_letter_after,
+    )
+
+
+def sort_out(keys: list[str], settings: Settings, *,
+             on_done: Callable[[PartitionRun], None] | None = None) -> tuple[list[str], list[PartitionRun]]:
+    """(the keys with work, the runs of the partitions that have none).
+
+    A partition whose every phase would skip has its skips recorded (as a run of it would) and is
+    reported through ``on_done``; the others are returned in their order, for Dagster.
+    """
+    runner = light_runner(settings)
+    todo: list[str] = []
+    done: list[PartitionRun] = []
+    for key in keys:
+        start = time.monotonic()
+        current = runner.current_heads(PartitionRef.parse(key, runner.regions))
+        if len(current) < len(PHASES):
+            todo.append(key)
+            continue
+        runner.record_skips(current)
+        run = PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
+                           phases={p.name: "SKIPPED" for p in PHASES})
+        done.append(run)
+        if on_done:
+            on_done(run)
+    return todo, done

@@ -1,0 +1,69 @@
+"""What a CLI run reports, partition by partition, and its progress display (no Dagster import:
+the preflight uses them before it decides whether Dagster is needed at all)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from assets.phases import PHASES
+
+# Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:
+# later partitions would fail the same way, so a backfill stops at the first one.
+DB_DOWN_CLASSES = {"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"}
+
+
+@dataclass
+class PartitionRun:
+    key: str
+    ok: bool
+    run_id: str
+    seconds: float
+    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
+    delivered: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_class: str | None = None
+
+    @property
+    def ledger_down(self) -> bool:
+        return self.error_class in DB_DOWN_CLASSES
+
+
+class Progress:
+    """A one-line-per-partition progress display on stderr (bar redrawn in place on a TTY)."""
+
+    MARK = {"COMPLETED": "done", "SKIPPED": "skip", "FAILED": "FAIL"}
+
+    def __init__(self, total: int, *, stream=sys.stderr):
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+
+    def _bar(self) -> str:
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        return "[" + "#" * filled + "." * (width - filled) + f"] {self.done}/{self.total}"
+
+    def starting(self, key: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
+            self.stream.flush()
+
+    def finished(self, run: PartitionRun) -> None:
+        self.done += 1
+        phases = " ".join(f"{p.name}:{self.MARK.get(run.phases.get(p.name, ''), '-')}" for p in PHASES)
+        line = f"{self._bar()} {run.key:<28} {phases}  {run.seconds:5.1f}s"
+        if run.delivered:
+            line += f"  delivered {len(run.delivered)}"
+        if run.error:
+            line += f"\n    error: {run.error}"
+        self.stream.write(("\r" if self.tty else "") + line + ("\033[K" if self.tty else "") + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        elapsed = time.monotonic() - self.start
+        self.stream.write(f"{self.done}/{self.total} partitions in {elapsed:.1f}s\n")
+        self.stream.flush()
