@@ -16,7 +16,7 @@ from assets.quality import Measures, Quality, grade_signal
 from assets.schemas import REGION_DAY_SUMMARY
 from assets.transforms.present import render_artifacts, summarize
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
-from resources.landing_layout import partition_file
+from resources.landing_layout import PARTITION_FILES, partition_file
 from resources.ledger_resource import LedgerResource
 from resources.publisher import Artifact
 
@@ -58,8 +58,8 @@ def signal_quality(ctx: PhaseContext, enriched) -> Quality:
     """The batch's signal quality from what ingest and enrich measured (thresholds: :mod:`assets.quality`)."""
     # the batch's own files (outages, weather): the region-wide reference files are not the batch's
     part = ctx.partition
-    own = partition_file(part.region.region_id, part.day, "")
-    files = [f for f in ctx.upstream["ingest"].summary["figures"]["files"] if f["source_file"].startswith(own)]
+    own = {partition_file(part.region.region_id, part.day, name) for name in PARTITION_FILES}
+    files = [f for f in ctx.upstream["ingest"].summary["figures"]["files"] if f["source_file"] in own]
     weather = ctx.upstream["enrich"].summary["figures"]["weather"]
     return grade_signal(Measures.of(
         rows_read=sum(f["rows_read"] - f["rows_other_regions"] for f in files),

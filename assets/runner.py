@@ -35,7 +35,7 @@ from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
 from resources.memory import keep_freed_memory
 from resources.publisher import Artifact, Target
-from resources.settings import Region
+from resources.settings import DEFAULT_DEAD_LETTER_AFTER, Region
 
 Log = Callable[[str], None]
 
@@ -138,7 +138,8 @@ class PhaseRunner:
 
     def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
                  regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
-                 lease_timeout_s: float = 900.0, force: Force | None = None, dead_letter_after: int = 3):
+                 lease_timeout_s: float = 900.0, force: Force | None = None,
+                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER):
         self.ledger = ledger
         self.dead_letter_after = dead_letter_after
         self.force = force

@@ -134,7 +134,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
     """Run the partitions: those whose every phase would skip are reported by the preflight
-    (:mod:`pipeline.preflight`, no Dagster), the others go through Dagster."""
+    (:mod:`pipeline.preflight`, no Dagster), the others go through Dagster. Each block of those is
+    looked at again just before its run (another process may have moved it on meanwhile)."""
     from pipeline.progress import Progress
 
     _prepare(settings)
@@ -147,9 +148,13 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
     progress = Progress(len(keys))
     done: list = []
     if force is None:  # a forced re-run has work in every partition
-        from pipeline.preflight import sort_out
+        from pipeline.preflight import light_runner, sort_out
 
-        keys, done = sort_out(keys, settings, on_done=progress.finished)
+        def skipped(run) -> None:  # noqa: ANN001 - a pipeline.progress.PartitionRun
+            done.append(run)
+            progress.finished(run)
+
+        keys = list(sort_out(light_runner(settings), keys, on_done=skipped))
     if not keys:
         progress.close()
         return done

@@ -289,17 +289,12 @@ class PartitionLauncher:
     def sort_out(self, keys: list[str]) -> list[str]:
         """The keys with work to do; a partition whose every phase would skip is reported here,
         with no run launched (its skips recorded)."""
-        todo: list[str] = []
-        for key in keys:
-            start = time.monotonic()
-            self.current[key] = self.current_heads(key)
-            if len(self.current[key]) < len(PHASES):
-                todo.append(key)
-                continue
-            self.runner.record_skips(self.current[key])
-            self.report(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
-                                     phases={p.name: "SKIPPED" for p in PHASES}))
-        return todo
+        from pipeline.preflight import sort_out
+
+        todo = sort_out(self.runner, keys, keep=self.keep, on_done=self.report) if self.preflight \
+            else {key: [] for key in keys}
+        self.current.update(todo)
+        return list(todo)
 
     def single(self, key: str) -> None:
         """One run for one partition, from its first phase with work."""
@@ -452,12 +447,6 @@ def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | No
     results.put(None)
 
 
-#: What every worker imports before its first run: Dagster, the code location, the phases'
-#: libraries (pandas, pyarrow, deltalake, matplotlib).
-WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.render",
-                "assets.transforms.present", "deltalake")
-
-
 def _worker_context():  # -> multiprocessing context
     """How worker processes start: on Linux a fork of this process once it has imported Dagster
     and the code location, else a fresh interpreter (spawn).
@@ -470,6 +459,8 @@ def _worker_context():  # -> multiprocessing context
     """
     import importlib
     import multiprocessing as mp
+
+    from pipeline.launcher import WARM_MODULES  # what the daemon's warm process imports, too
 
     if not sys.platform.startswith("linux"):
         return mp.get_context("spawn")
@@ -493,7 +484,7 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     import threading
 
     blocks = worker_blocks(keys, workers, max_per_run)
-    if len(blocks) <= 1 or workers <= 1:
+    if len(blocks) <= 1:  # one worker, or one range run's worth of keys
         return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
     ctx = _worker_context()
     tasks, results = ctx.Queue(), ctx.Queue()

@@ -18,6 +18,7 @@ from assets.context import PartitionRef
 from assets.phases import PHASES
 from assets.runner import PhaseRunner
 from pipeline.progress import PartitionRun
+from resources.ledger import Checkpoint
 from resources.settings import Settings, load_regions
 
 
@@ -43,26 +44,23 @@ def light_runner(settings: Settings) -> PhaseRunner:
     )
 
 
-def sort_out(keys: list[str], settings: Settings, *,
-             on_done: Callable[[PartitionRun], None] | None = None) -> tuple[list[str], list[PartitionRun]]:
-    """(the keys with work, the runs of the partitions that have none).
+def sort_out(runner: PhaseRunner, keys: list[str], *, keep: int = len(PHASES),
+             on_done: Callable[[PartitionRun], None] | None = None) -> dict[str, list[Checkpoint]]:
+    """The keys with work, in their order, each with the heads of its leading phases that would
+    skip (at most ``keep`` of them: a forced re-run keeps only the phases before its own).
 
     A partition whose every phase would skip has its skips recorded (as a run of it would) and is
-    reported through ``on_done``; the others are returned in their order, for Dagster.
+    reported through ``on_done`` instead.
     """
-    runner = light_runner(settings)
-    todo: list[str] = []
-    done: list[PartitionRun] = []
+    todo: dict[str, list[Checkpoint]] = {}
     for key in keys:
         start = time.monotonic()
-        current = runner.current_heads(PartitionRef.parse(key, runner.regions))
+        current = runner.current_heads(PartitionRef.parse(key, runner.regions))[:keep]
         if len(current) < len(PHASES):
-            todo.append(key)
+            todo[key] = current
             continue
         runner.record_skips(current)
-        run = PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
-                           phases={p.name: "SKIPPED" for p in PHASES})
-        done.append(run)
         if on_done:
-            on_done(run)
-    return todo, done
+            on_done(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
+                                 phases={p.name: "SKIPPED" for p in PHASES}))
+    return todo

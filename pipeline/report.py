@@ -23,6 +23,7 @@ from assets.transforms.pages import page_environment
 from assets.transforms.render import figure_png, new_figure
 from pipeline.status import views
 from resources.files import write_atomic
+from resources.keys import partition_key
 from resources.ledger import Checkpoint, Ledger
 from resources.ledger_views import (
     AttentionRow,
@@ -35,6 +36,7 @@ from resources.ledger_views import (
     RegionCounts,
     StatusSummary,
 )
+from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
 PHASE_NAMES = tuple(p.name for p in PHASES)
 LAST_TIER = len(PHASES)
@@ -99,7 +101,7 @@ def _region_names() -> dict[str, str]:
         return {}
 
 
-def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
+def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> ReportData:
     """Everything the page shows, read from the ledger's views (a dozen aggregate queries).
 
     The grid (one small row a partition) is read once; the headline counts and the per-region
@@ -109,7 +111,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = 3) -> ReportData:
     hidden = v.hidden_phases()
     total, attention = v.attention(MAX_ATTENTION_ROWS)
     grid = v.grid()
-    held_keys = [f"{c.day}|{c.region}" for c in grid if c.held]
+    held_keys = [partition_key(c.day, c.region) for c in grid if c.held]
     return ReportData(
         now=dt.datetime.now(dt.UTC),
         summary=_counts(grid),
@@ -227,13 +229,15 @@ def heat_grid(data: ReportData) -> HeatGrid:
     return HeatGrid(columns, unit, regions, tiers, failed, pending & ~failed)
 
 
-def _draw_cells(ax, g: HeatGrid, width: float, height: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _draw_cells(ax, g: HeatGrid, width: float, height: float, colors: list[str]) -> None:  # noqa: ANN001 - an Axes
+    """The grid's cells, value ``i`` in ``colors[i]`` (a negative value: the hatched background),
+    with its failed and pending cells marked."""
     import numpy as np
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
-    cmap = ListedColormap([TIER_COLORS[t] for t in range(LAST_TIER + 1)])
+    cmap = ListedColormap(colors)
     cmap.set_bad((0, 0, 0, 0))  # cells with no partition in the ledger show the hatched background
-    norm = BoundaryNorm([t - 0.5 for t in range(LAST_TIER + 2)], cmap.N)
+    norm = BoundaryNorm([i - 0.5 for i in range(len(colors) + 1)], cmap.N)
     ax.patch.set_facecolor("white")
     ax.patch.set_hatch("////")
     ax.patch.set_edgecolor("#d0d0d0")
@@ -306,7 +310,7 @@ def heatmap_png(data: ReportData) -> bytes:
     """
     g = heat_grid(data)
     fig, canvas, ax, width, height = _grid_figure(g)
-    _draw_cells(ax, g, width, height)
+    _draw_cells(ax, g, width, height, [TIER_COLORS[t] for t in range(LAST_TIER + 1)])
     _label_axes(ax, g, width, height)
     _heat_legend(fig)
     return figure_png(canvas)
@@ -334,19 +338,11 @@ def quality_grid(data: ReportData) -> HeatGrid:
 def quality_png(data: ReportData) -> bytes:
     """Days (x) by regions (y), each cell coloured by the batch's signal quality (worst of a week
     when the columns are weeks); a noisy batch is held for review."""
-    import numpy as np
-    from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.patches import Patch
 
     g = quality_grid(data)
     fig, canvas, ax, width, height = _grid_figure(g)
-    cmap = ListedColormap([QUALITY_COLORS[q] for q in GRADES])
-    cmap.set_bad((0, 0, 0, 0))
-    ax.patch.set_facecolor("white")
-    ax.patch.set_hatch("////")
-    ax.patch.set_edgecolor("#d0d0d0")
-    ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=BoundaryNorm([i - 0.5 for i in range(len(GRADES) + 1)],
-              cmap.N), aspect="auto", interpolation="nearest", origin="upper")
+    _draw_cells(ax, g, width, height, [QUALITY_COLORS[q] for q in GRADES])  # no cell is marked failed or pending
     _label_axes(ax, g, width, height)
     ax.set_title("Signal quality per (day, region)" if g.unit == "day" else
                  "Signal quality: worst grade of each week, per region", loc="left", fontsize=11)
@@ -535,7 +531,7 @@ def render_page(data: ReportData, images: dict[str, bytes], *, role: str | None 
     )
 
 
-def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = 3,
+def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
                               role: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
     data = collect(ledger, dead_letter_after=dead_letter_after)
@@ -545,8 +541,8 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = 3,
     return render_page(data, images, role=role), images
 
 
-def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None, dead_letter_after: int = 3,
-                 role: str | None = None) -> None:
+def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None,
+                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER, role: str | None = None) -> None:
     """Write the report page to ``out`` atomically (temporary file in the same folder, then rename).
 
     With ``images_dir`` the pictures are also written there as PNG files (the page never needs them).

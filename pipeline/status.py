@@ -21,6 +21,7 @@ from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from resources.ledger import Ledger
 from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter
+from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
 #: Up to this many partitions the unfiltered table lists them all.
 FULL_TABLE_MAX = 60
@@ -37,7 +38,7 @@ def views(ledger: Ledger) -> LedgerViews:
     return LedgerViews(ledger)
 
 
-def as_entry(row: PartitionRow, *, dead_letter_after: int = 3) -> dict[str, Any]:
+def as_entry(row: PartitionRow, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> dict[str, Any]:
     """One partition in the contract's shape, plus its signal quality, whether it is held and its
     dead-lettered phases (as ``status --json`` gives them)."""
     return {
@@ -53,12 +54,14 @@ def as_entry(row: PartitionRow, *, dead_letter_after: int = 3) -> dict[str, Any]
     }
 
 
-def partition_status(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS) -> list[dict[str, Any]]:
+def partition_status(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *,
+                     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> list[dict[str, Any]]:
     """The selected partitions in the contract's shape, in (day, region) order."""
-    return [as_entry(row) for row in views(ledger).partitions(flt)]
+    return [as_entry(row, dead_letter_after=dead_letter_after) for row in views(ledger).partitions(flt)]
 
 
-def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS, *, dead_letter_after: int = 3) -> int:
+def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS, *,
+               dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> int:
     """Stream ``{"partitions": [...]}`` to ``out``; returns how many partitions were written."""
     n = 0
     out.write('{"partitions": [')

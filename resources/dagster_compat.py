@@ -2,7 +2,9 @@
 
 Outside this module, ``pipeline``, ``assets`` and ``resources`` import nothing from ``dagster._*``
 and call no storage method or undocumented instance method; they use ``import dagster as dg``,
-the documented ``dagster.yaml`` keys and the ``dg``/``dagster`` commands. What is here has no
+the documented ``dagster.yaml`` keys and the ``dg``/``dagster`` commands. The one exception is
+``pipeline/launcher.py``: a run launcher must derive from ``RunLauncher`` and
+``ConfigurableClass``, which Dagster does not export. What is here has no
 public route in Dagster 1.13 (dagster-postgres 0.29); each function says why stormlake needs it
 and, where there is one, which upstream issue or pull request would make it unnecessary. It
 lives on the ground floor and depends on Dagster only, so every floor may import it.

@@ -222,8 +222,10 @@ class Lake:
         try:
             dt.alter.add_columns([Field.from_arrow(f) for f in new])
         except (CommitFailedError, DeltaError) as exc:
-            if not {f.name for f in new} <= {f.name for f in self.table(table).schema().fields}:
+            latest = self.table(table)
+            if not {f.name for f in new} <= {f.name for f in latest.schema().fields}:
                 raise LakeError(f"cannot add the columns {', '.join(f.name for f in new)} to {table}: {exc}") from exc
+            return latest
         return self.table(table)
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:

@@ -280,7 +280,6 @@ class Ledger:
     # ---- one ledger per process and DSN -------------------------------------------------
     _shared: ClassVar[dict[tuple[int, str, str | None, bool], Ledger]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
-    _migrated: ClassVar[set[tuple[int, str]]] = set()
 
     @classmethod
     def shared(cls, dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
@@ -295,9 +294,8 @@ class Ledger:
             ledger = cls._shared.get(key)
             if ledger is None:
                 ledger = cls(dsn, role=role, audited=audited)
-                if (os.getpid(), dsn) not in cls._migrated:  # once a process, whatever the role
+                if not any(k[:2] == key[:2] for k in cls._shared):  # once a process, whatever the role
                     ledger.migrate()
-                    cls._migrated.add((os.getpid(), dsn))
                 cls._shared[key] = ledger
             return ledger
 
@@ -308,7 +306,6 @@ class Ledger:
         with cls._shared_lock:
             for key in [k for k in cls._shared if match(k[1])]:
                 cls._shared.pop(key).close()
-            cls._migrated = {m for m in cls._migrated if not match(m[1])}
 
     # ---- outcomes, as they happen in this process ----------------------------------------
     @contextlib.contextmanager

@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
 from resources.ledger import Checkpoint, Ledger
+from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
 T = TypeVar("T")
 
@@ -268,7 +269,8 @@ class LedgerViews:
                         where=self._where(flt), limit=self._limit(flt))
         return self._rows(query, PartitionRow, "read the partitions' status")
 
-    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *, dead_letter_after: int = 3) -> Iterator[str]:
+    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *,
+                           dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> Iterator[str]:
         """Each selected partition as the contract's JSON object (text made by the server), in order.
 
         Beyond the contract's keys: ``signal_quality`` (null before present ran), ``held``, and
@@ -294,24 +296,24 @@ class LedgerViews:
                 yield text
 
     def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:
-        query = self._q("SELECT s.tier, count(*), count(*) FILTER (WHERE s.failed), count(*) FILTER (WHERE s.pending),"
-                        " count(*) FILTER (WHERE s.held) FROM {ps} s WHERE {where} GROUP BY s.tier",
-                        where=self._where(flt))
-        quality = self._q("SELECT s.signal_quality, count(*) FROM {ps} s"
-                          " WHERE {where} AND s.signal_quality IS NOT NULL GROUP BY s.signal_quality",
-                          where=self._where(flt))
+        query = self._q("SELECT s.tier, s.signal_quality, count(*), count(*) FILTER (WHERE s.failed),"
+                        " count(*) FILTER (WHERE s.pending), count(*) FILTER (WHERE s.held)"
+                        " FROM {ps} s WHERE {where} GROUP BY s.tier, s.signal_quality", where=self._where(flt))
 
-        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        def q(conn: psycopg.Connection) -> tuple[int, list[tuple[Any, ...]]]:
             last = conn.execute("SELECT max(position) FROM phase_order").fetchone()[0]
-            return int(last), conn.execute(query).fetchall(), conn.execute(quality).fetchall()
+            return int(last), conn.execute(query).fetchall()
 
-        last, rows, grades = self._read(q, what="summarize the partitions")
+        last, rows = self._read(q, what="summarize the partitions")
         by_tier = dict.fromkeys(range(last + 1), 0)
-        for tier, n, *_ in rows:
-            by_tier[int(tier)] = int(n)
-        return StatusSummary(partitions=sum(int(r[1]) for r in rows), by_tier=by_tier,
-                             with_failure=sum(int(r[2]) for r in rows), with_pending=sum(int(r[3]) for r in rows),
-                             held=sum(int(r[4]) for r in rows), by_quality={g: int(n) for g, n in grades})
+        by_quality: dict[str, int] = {}
+        for tier, grade, n, *_ in rows:
+            by_tier[int(tier)] = by_tier.get(int(tier), 0) + int(n)
+            if grade is not None:
+                by_quality[grade] = by_quality.get(grade, 0) + int(n)
+        return StatusSummary(partitions=sum(int(r[2]) for r in rows), by_tier=by_tier,
+                             with_failure=sum(int(r[3]) for r in rows), with_pending=sum(int(r[4]) for r in rows),
+                             held=sum(int(r[5]) for r in rows), by_quality=by_quality)
 
     def grid(self, flt: StatusFilter = ALL_PARTITIONS) -> list[GridCell]:
         """(region, day, tier, failed, pending) of every selected partition, for the heat map."""

@@ -17,6 +17,7 @@ from resources.errors import ConfigError
 
 DEFAULT_REGIONS_FILE = Path(__file__).with_name("regions.csv")
 DEFAULT_FIRST_DAY = "2026-09-01"
+DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
 REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
 
@@ -57,7 +58,7 @@ class Settings:
     webhook_tries: int = 5
     webhook_backoff_s: float = 0.5
     workers: int = 1  # backfill processes at once: the CLI's --workers default and the UI's backfill runs
-    dead_letter_after: int = 3  # failed attempts of the same inputs after which a phase waits for a person
+    dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
 
     @property
     def pgdata(self) -> Path:
@@ -97,7 +98,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         webhook_tries=int(_number(get, "STORMLAKE_WEBHOOK_TRIES", 5)),
         webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
         workers=_workers(get),
-        dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", 3),
+        dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", DEFAULT_DEAD_LETTER_AFTER),
     )
 
 

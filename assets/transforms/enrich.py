@@ -178,8 +178,9 @@ def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd
     """
     names = OUTAGES_ENRICHED.names
     grid = station_hour_grid(weather, day)
-    coverage = {"outages_with_reading": 0, "station_hours": int(grid.observed.size),
-                "station_hours_observed": int(grid.observed.sum())}
+    observed = grid.observed
+    coverage = {"outages_with_reading": 0, "station_hours": int(observed.size),
+                "station_hours_observed": int(observed.sum())}
     if len(outages) == 0:
         return empty_frame(OUTAGES_ENRICHED), coverage
     order = pc.sort_indices(pa.array(outages["event_id"].astype(object).to_numpy(), pa.string())).to_numpy()
@@ -202,7 +203,7 @@ def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd
         clat, clon = cell_centres(cells)
         st = nearest_station(clat, clon, grid)[inv]
         gust, rain = grid.gust[st, hour], grid.rain[st, hour]
-        coverage["outages_with_reading"] = int(grid.observed[st, hour].sum())
+        coverage["outages_with_reading"] = int(observed[st, hour].sum())
 
     cell_flood = pd.array([None if pd.isna(v) else bool(v) for v in terr["flood_zone"]], dtype="boolean")
     out = pd.DataFrame({

@@ -44,7 +44,6 @@ from __future__ import annotations
 import codecs
 import csv
 import datetime as dt
-import hashlib
 import io
 import re
 import threading
@@ -75,6 +74,7 @@ from assets.schemas import (
 )
 from resources import landing_layout
 from resources.errors import InputFileError
+from resources.landing import MISSING, file_stamp
 from resources.settings import Region
 
 # The bytes that shape CSV records.
@@ -774,9 +774,9 @@ class ReferenceCache:
 
     ``reference/customers.csv`` and ``terrain.csv`` are shared by every day of a region and hold
     every region's rows, so judging them again is most of a small partition's ingest. An entry
-    is keyed by the file's content (sha256 of its bytes), the region's definition and the known
-    regions; the day only names the partition columns, which are set anew on a hit. A changed
-    file is new bytes, a new key.
+    is keyed by the file's stamp (:func:`resources.landing.file_stamp`: a changed file never
+    keeps its stamp, so no file is read to find its entry), the region's definition and the
+    known regions; the day only names the partition columns, which are set anew on a hit.
     """
 
     MAX_ENTRIES = 128
@@ -786,11 +786,10 @@ class ReferenceCache:
     @classmethod
     def judge(cls, validate: Callable[..., tuple[pa.Table, pa.Table, FileReport]], path: Path, rel: str,
               region: Region, day: str, known_regions: Collection[str]) -> tuple[pa.Table, pa.Table, FileReport]:
-        try:
-            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-        except OSError:  # missing or unreadable: the validator says so, naming the file
+        stamp = file_stamp(Path(path))
+        if stamp == MISSING:  # the validator says so, naming the file
             return validate(path, rel, region, day, known_regions=known_regions)
-        key = (validate.__name__, rel, digest, region.fingerprint(), *sorted(known_regions))
+        key = (validate.__name__, rel, stamp, region.fingerprint(), *sorted(known_regions))
         with cls._lock:
             hit = cls._entries.get(key)
             if hit is not None:

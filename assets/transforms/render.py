@@ -22,7 +22,7 @@ import gc
 import math
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import h3
@@ -246,12 +246,17 @@ def map_extent(region: Region) -> tuple[float, float, float, float]:
     return region.min_lon - dx, region.max_lon + dx, region.min_lat - MAP_MARGIN_DEG, region.max_lat + MAP_MARGIN_DEG
 
 
-def _map_template(region: Region) -> _MapTemplate:
-    template = _map_templates.pop(region, None) or _MapTemplate(region)
-    _map_templates[region] = template  # most recently used last
-    while len(_map_templates) > MAP_TEMPLATES:
-        _map_templates.pop(next(iter(_map_templates)))
+def _kept(cache: dict, key: object, make: Callable[[], object], limit: int):  # noqa: ANN202 - a template
+    """``cache[key]``, made by ``make()`` when missing; the ``limit`` most recently used are kept."""
+    template = cache.pop(key, None) or make()
+    cache[key] = template  # most recently used last
+    while len(cache) > limit:
+        cache.pop(next(iter(cache)))
     return template
+
+
+def _map_template(region: Region) -> _MapTemplate:
+    return _kept(_map_templates, region, lambda: _MapTemplate(region), MAP_TEMPLATES)
 
 
 def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.DataFrame) -> bytes:
@@ -483,12 +488,8 @@ _hourly_templates: dict[tuple[float, float], _HourlyTemplate] = {}
 
 
 def _hourly_template(count_top: float, gust_top: float) -> _HourlyTemplate:
-    key = (count_top, gust_top)
-    template = _hourly_templates.pop(key, None) or _HourlyTemplate(count_top, gust_top)
-    _hourly_templates[key] = template  # most recently used last
-    while len(_hourly_templates) > HOURLY_TEMPLATES:
-        _hourly_templates.pop(next(iter(_hourly_templates)))
-    return template
+    return _kept(_hourly_templates, (count_top, gust_top), lambda: _HourlyTemplate(count_top, gust_top),
+                 HOURLY_TEMPLATES)
 
 
 def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray) -> bytes:
