@@ -20,7 +20,6 @@ from typing import Any
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
-from assets.transforms.render import figure_png, new_figure
 from pipeline.status import views
 from resources.files import write_atomic
 from resources.keys import partition_key
@@ -49,6 +48,9 @@ PENDING_ORANGE = "#e66101"
 MAX_ATTENTION_ROWS = 500
 MAX_REVIEW_ROWS = 200  # held batches and dead letters listed (the count says how many in all)
 QUALITY_COLORS = {"high": "#1b7837", "medium": "#a6dba0", "low": "#fdb863", "noisy": "#d7191c"}
+#: The two charts of phases.png, (left, bottom, width, height) as fractions of the figure.
+PHASES_STALL_BOX = (0.07, 0.215, 0.475, 0.735)
+PHASES_TIME_BOX = (0.615, 0.215, 0.375, 0.735)
 WEEK_COLUMNS_AFTER = 120  # days on the heat map's axis beyond which its columns are weeks
 MAX_REVISION_ROWS = 40
 MAX_EVENT_ROWS = 25
@@ -229,55 +231,95 @@ def heat_grid(data: ReportData) -> HeatGrid:
     return HeatGrid(columns, unit, regions, tiers, failed, pending & ~failed)
 
 
-def _draw_cells(ax, g: HeatGrid, width: float, height: float, colors: list[str]) -> None:  # noqa: ANN001 - an Axes
-    """The grid's cells, value ``i`` in ``colors[i]`` (a negative value: the hatched background),
-    with its failed and pending cells marked."""
+def _cell_artists(ax, g: HeatGrid, width: float, height: float, colors: list[str]) -> list[Any]:  # noqa: ANN001 - an Axes
+    """The grid's cells, value ``i`` in ``colors[i]`` (a negative value shows the axes' hatched
+    background), thin white lines between them, and its failed and pending cells marked: added to
+    ``ax`` in the order they are drawn."""
     import numpy as np
+    from matplotlib.collections import LineCollection
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     cmap = ListedColormap(colors)
     cmap.set_bad((0, 0, 0, 0))  # cells with no partition in the ledger show the hatched background
     norm = BoundaryNorm([i - 0.5 for i in range(len(colors) + 1)], cmap.N)
-    ax.patch.set_facecolor("white")
-    ax.patch.set_hatch("////")
-    ax.patch.set_edgecolor("#d0d0d0")
-    ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
-              origin="upper")
+    artists: list[Any] = [ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto",
+                                    interpolation="nearest", origin="upper")]
     nr, nd = g.tiers.shape
+    if nd <= 120 and nr <= 120:  # thin white lines between cells
+        xs = np.arange(0.5, nd - 1, 1.0)
+        ys = np.arange(0.5, nr - 1, 1.0)
+        segments = [((x, -0.5), (x, nr - 0.5)) for x in xs] + [((-0.5, y), (nd - 0.5, y)) for y in ys]
+        artists.append(ax.add_collection(LineCollection(segments, colors="white",
+                                                        linewidths=1.0 if max(nd, nr) < 60 else 0.4),
+                                         autolim=False))
+    artists += [ax.spines["left"], ax.spines["bottom"]]  # over the cells, as in a full drawing
     cell_pt = min(width * 0.8 * 72 / max(nd, 1), height * 0.75 * 72 / max(nr, 1))
     size = max(4.0, (0.55 * cell_pt) ** 2)  # a marker of about half a cell, in points squared
     failed_y, failed_x = np.nonzero(g.failed)
     pending_y, pending_x = np.nonzero(g.pending)
     if len(failed_x):
-        ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
-                   linewidths=0.6 if cell_pt > 8 else 0, zorder=3)
+        artists.append(ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
+                                  linewidths=0.6 if cell_pt > 8 else 0, zorder=3))
     if len(pending_x):
-        ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
-                   edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3)
+        artists.append(ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
+                                  edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3))
+    return artists
 
 
-def _label_axes(ax, g: HeatGrid, width: float, height: float) -> None:  # noqa: ANN001 - a matplotlib Axes
-    import numpy as np
+def _label_axes(ax, g: HeatGrid, width: float, height: float) -> tuple[float, float]:  # noqa: ANN001 - an Axes
+    """Limits, the hatched background, tick marks, tick labels and axis labels of a grid's axes.
+
+    The ticks are one line of markers per axis and the labels plain texts placed at fixed offsets
+    from the axes, rather than matplotlib's axis ticks (several artists each, made and measured
+    again on every layout pass; a year's 50 regions and 53 weeks made this the slowest part of the
+    report). Returns the pixels the labels need left of and below the axes.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.markers import TICKDOWN, TICKLEFT
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
     nr, nd = g.tiers.shape
-    if nd <= 120 and nr <= 120:  # thin white lines between cells
-        ax.set_xticks(np.arange(-0.5, nd, 1), minor=True)
-        ax.set_yticks(np.arange(-0.5, nr, 1), minor=True)
-        ax.grid(which="minor", color="white", linewidth=1.0 if max(nd, nr) < 60 else 0.4)
-        ax.tick_params(which="minor", length=0)
-    xstep = _tick_step(nd, int(width * 4))
-    ystep = _tick_step(nr, int(height * 5))
-    ax.set_xticks(range(0, nd, xstep), [g.columns[i] for i in range(0, nd, xstep)], rotation=60, ha="right",
-                  rotation_mode="anchor", fontsize=8)
-    ax.set_yticks(range(0, nr, ystep), [g.regions[i] for i in range(0, nr, ystep)], fontsize=8)
+    fig = ax.figure
+    ax.set_xlim(-0.5, nd - 0.5)
+    ax.set_ylim(nr - 0.5, -0.5)  # first region on top
+    ax.set_autoscale_on(False)  # the cells drawn later leave the limits alone
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.patch.set_facecolor("white")
+    ax.patch.set_hatch("////")
+    ax.patch.set_edgecolor("#d0d0d0")
     _hide_top_right(ax)
-    ax.set_xlabel("day" if g.unit == "day" else "week (from Monday)")
-    ax.set_ylabel("region")
-    ax.set_title("Where every batch stands: tier reached per (day, region)" if g.unit == "day" else
-                 "Where every batch stands: lowest tier reached in each week, per region", loc="left", fontsize=11)
+
+    def shifted(base, dx_px: float, dy_px: float):  # noqa: ANN001, ANN202 - matplotlib transforms
+        return base + ScaledTranslation(dx_px / fig.dpi, dy_px / fig.dpi, fig.dpi_scale_trans)
+
+    gap = TICK_PT * fig.dpi / 72  # a tick's length, then as much again to its label, as matplotlib's
+    below = blended_transform_factory(ax.transData, ax.transAxes)
+    beside = blended_transform_factory(ax.transAxes, ax.transData)
+    xs = list(range(0, nd, _tick_step(nd, int(width * 4))))
+    ys = list(range(0, nr, _tick_step(nr, int(height * 5))))
+    for pos, transform, marker in ((xs, below, TICKDOWN), (ys, beside, TICKLEFT)):
+        zeros = [0] * len(pos)
+        ax.add_line(Line2D(*((pos, zeros) if marker == TICKDOWN else (zeros, pos)), transform=transform,
+                           marker=marker, markersize=TICK_PT, markeredgewidth=0.8, color="black",
+                           linestyle="", clip_on=False))
+    xlabels = [ax.text(i, 0, g.columns[i], transform=shifted(below, 0, -2 * gap), rotation=60, ha="right",
+                       va="top", rotation_mode="anchor", fontsize=8, clip_on=False) for i in xs]
+    ylabels = [ax.text(0, i, g.regions[i], transform=shifted(beside, -2 * gap, 0), ha="right",
+                       va="center_baseline", fontsize=8, clip_on=False) for i in ys]
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    depth = box.y0 - min(t.get_window_extent(renderer).y0 for t in xlabels) + 4
+    reach = box.x0 - min(t.get_window_extent(renderer).x0 for t in ylabels) + 4
+    xlabel = ax.text(0.5, 0, "day" if g.unit == "day" else "week (from Monday)", ha="center", va="top",
+                     transform=shifted(ax.transAxes, 0, -depth), fontsize="medium")
+    ylabel = ax.text(0, 0.5, "region", rotation=90, ha="right", va="center",
+                     transform=shifted(ax.transAxes, -reach, 0), fontsize="medium")
+    return (reach + ylabel.get_window_extent(renderer).width,
+            depth + xlabel.get_window_extent(renderer).height)
 
 
-def _heat_legend(fig) -> None:  # noqa: ANN001 - a matplotlib Figure
+def _heat_handles() -> list[Any]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -289,31 +331,112 @@ def _heat_legend(fig) -> None:  # noqa: ANN001 - a matplotlib Figure
                           markeredgecolor="white", label="a phase FAILED"))
     handles.append(Line2D([], [], marker="o", linestyle="", markersize=8, markerfacecolor="none",
                           markeredgecolor=PENDING_ORANGE, markeredgewidth=1.6, label="a phase PENDING"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="tier",
-               title_fontsize=9, alignment="left")
+    return handles
 
 
-def _grid_figure(g: HeatGrid) -> tuple[Any, Any, Any, float, float]:
-    """A figure sized to a days x regions grid, its canvas, its one axes, and its size in inches."""
+def _quality_handles() -> list[Any]:
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Patch(facecolor=QUALITY_COLORS[q], edgecolor="#999",
+                                label=q + (" (held)" if q == "noisy" else "")) for q in GRADES]
+    handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", hatch="////", label="not graded yet"))
+    return handles
+
+
+@dataclass(frozen=True)
+class GridMap:
+    """One picture over the (column, region) grid: its cells, their colours, title and legend."""
+
+    grid: HeatGrid
+    colors: list[str]
+    title: str
+    legend_title: str
+    handles: list[Any]
+
+
+#: Length of a tick mark on the grids' axes, in points (matplotlib's default).
+TICK_PT = 3.5
+#: Blank pixels between the pictures' outermost texts and the figure's edge.
+GRID_EDGE_PX = 8.0
+
+
+def grid_pngs(maps: list[GridMap]) -> list[bytes]:
+    """PNG bytes of each map; all of them have the grid, and so the figure size, of the first.
+
+    The maps of a report share their columns and regions, so their axes, ticks and labels are laid
+    out and drawn once, and each map draws its own artists over those pixels: its cells, the lines
+    between them, the marks, the title and the legend. The layout is fixed, not matplotlib's
+    constrained layout (which measured every tick label of the figure on each of its passes, about
+    half of a year's report): the margins are the measured extents of the y axis, the x axis, the
+    title and the widest legend. A map's pixels depend only on the maps asked for, never on what was
+    drawn before.
+    """
+    import numpy as np
+
+    from assets.transforms.render import encode_png, new_figure
+
+    g = maps[0].grid
     nr, nd = g.tiers.shape
     width = min(18.0, max(7.5, 2.8 + nd * 0.32))
     height = min(14.0, max(2.6, 1.6 + nr * 0.3))
-    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI, layout="constrained")
-    return fig, canvas, fig.add_subplot(), width, height
+    fig, canvas = new_figure((width, height), dpi=PICTURE_DPI)
+    ax = fig.add_axes((0.1, 0.1, 0.8, 0.8))  # placed below, once its labels are measured
+    left, bottom = _label_axes(ax, g, width, height)
+    legends = [fig.legend(handles=m.handles, loc="upper left", fontsize=8, frameon=False, title=m.legend_title,
+                          title_fontsize=9, alignment="left") for m in maps]
+    renderer = canvas.get_renderer()
+    title = ax.set_title(maps[0].title, loc="left", fontsize=11, y=1.0)  # every title is one line of this size
+    box = ax.get_window_extent(renderer)
+    left += GRID_EDGE_PX
+    bottom += GRID_EDGE_PX
+    top = title.get_window_extent(renderer).y1 - box.y1 + GRID_EDGE_PX
+    right = max(leg.get_window_extent(renderer).width for leg in legends) + GRID_EDGE_PX
+    fw, fh = fig.bbox.width, fig.bbox.height
+    ax.set_position((left / fw, bottom / fh, max(0.1, 1 - (left + right) / fw), max(0.1, 1 - (bottom + top) / fh)))
+    for leg in legends:
+        leg.set_bbox_to_anchor((1 - right / fw, 1 - GRID_EDGE_PX / fh), transform=fig.transFigure)
+        leg.set_visible(False)
+    title.set_text("")
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)  # drawn over each map's cells
+    canvas.draw()
+    background = canvas.copy_from_bbox(fig.bbox)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(True)
+    pngs = []
+    for m, leg in zip(maps, legends, strict=True):
+        artists = _cell_artists(ax, m.grid, width, height, m.colors)
+        try:
+            title = ax.set_title(m.title, loc="left", fontsize=11, y=1.0)
+            leg.set_visible(True)
+            canvas.restore_region(background)
+            for artist in [*artists, title]:
+                ax.draw_artist(artist)
+            fig.draw_artist(leg)
+            pngs.append(encode_png(np.asarray(canvas.buffer_rgba()), dpi=fig.dpi))
+        finally:
+            leg.set_visible(False)
+            ax.set_title("", loc="left")
+            for artist in artists:
+                if artist not in ax.spines.values():
+                    artist.remove()
+    return pngs
 
 
-def heatmap_png(data: ReportData) -> bytes:
+def heat_map(data: ReportData) -> GridMap:
     """Days (x) by regions (y), each cell coloured by tier; FAILED marked X, PENDING circled.
 
     A long range (a season, a year) shows weeks as columns: a cell is the lowest tier any day of
     that week reached in that region, marked when any of its days has a failed or pending phase.
     """
     g = heat_grid(data)
-    fig, canvas, ax, width, height = _grid_figure(g)
-    _draw_cells(ax, g, width, height, [TIER_COLORS[t] for t in range(LAST_TIER + 1)])
-    _label_axes(ax, g, width, height)
-    _heat_legend(fig)
-    return figure_png(canvas)
+    return GridMap(g, [TIER_COLORS[t] for t in range(LAST_TIER + 1)],
+                   "Where every batch stands: tier reached per (day, region)" if g.unit == "day" else
+                   "Where every batch stands: lowest tier reached in each week, per region", "tier", _heat_handles())
+
+
+def heatmap_png(data: ReportData) -> bytes:
+    return grid_pngs([heat_map(data)])[0]
 
 
 def quality_grid(data: ReportData) -> HeatGrid:
@@ -335,23 +458,17 @@ def quality_grid(data: ReportData) -> HeatGrid:
     return HeatGrid(columns, unit, regions, grades, none, none)
 
 
-def quality_png(data: ReportData) -> bytes:
+def quality_map(data: ReportData) -> GridMap:
     """Days (x) by regions (y), each cell coloured by the batch's signal quality (worst of a week
-    when the columns are weeks); a noisy batch is held for review."""
-    from matplotlib.patches import Patch
-
+    when the columns are weeks); a noisy batch is held for review. No cell is marked failed or pending."""
     g = quality_grid(data)
-    fig, canvas, ax, width, height = _grid_figure(g)
-    _draw_cells(ax, g, width, height, [QUALITY_COLORS[q] for q in GRADES])  # no cell is marked failed or pending
-    _label_axes(ax, g, width, height)
-    ax.set_title("Signal quality per (day, region)" if g.unit == "day" else
-                 "Signal quality: worst grade of each week, per region", loc="left", fontsize=11)
-    handles = [Patch(facecolor=QUALITY_COLORS[q], edgecolor="#999", label=q + (" (held)" if q == "noisy" else ""))
-               for q in GRADES]
-    handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", hatch="////", label="not graded yet"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="quality",
-               title_fontsize=9, alignment="left")
-    return figure_png(canvas)
+    return GridMap(g, [QUALITY_COLORS[q] for q in GRADES],
+                   "Signal quality per (day, region)" if g.unit == "day" else
+                   "Signal quality: worst grade of each week, per region", "quality", _quality_handles())
+
+
+def quality_png(data: ReportData) -> bytes:
+    return grid_pngs([quality_map(data)])[0]
 
 
 def _stall_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib Axes
@@ -441,8 +558,14 @@ def _duration_bars(ax, data: ReportData) -> None:  # noqa: ANN001 - a matplotlib
 
 def phases_png(data: ReportData) -> bytes:
     """Left: where batches stall (heads per phase by status). Right: where time goes (attempt times)."""
-    fig, canvas = new_figure((12.0, 4.8), dpi=PICTURE_DPI, layout="constrained")
-    ax, ax2 = fig.subplots(1, 2, width_ratios=[1.25, 1])
+    from assets.transforms.render import figure_png, new_figure
+
+    fig, canvas = new_figure((12.0, 4.8), dpi=PICTURE_DPI)
+    # A fixed layout (constrained layout measured every text on each pass): room on the left for
+    # counts of up to six digits, between the charts for the phase names, below for two-line tick
+    # labels and the legends.
+    ax = fig.add_axes(PHASES_STALL_BOX)
+    ax2 = fig.add_axes(PHASES_TIME_BOX)
     _stall_bars(ax, data)
     _duration_bars(ax2, data)
     return figure_png(canvas)
@@ -533,11 +656,26 @@ def render_page(data: ReportData, images: dict[str, bytes], *, role: str | None 
 
 def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
                               role: str | None = None) -> tuple[str, dict[str, bytes]]:
-    """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
-    data = collect(ledger, dead_letter_after=dead_letter_after)
-    images = {"heatmap.png": heatmap_png(data), "phases.png": phases_png(data)} if data.summary.partitions else {}
+    """The page and its pictures (name -> PNG bytes), for callers that also want the files.
+
+    The ledger's queries run on a thread while this one imports the drawing libraries (about a
+    second each for a year's ledger): the server works while Python imports.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="report-collect") as pool:
+        reading = pool.submit(collect, ledger, dead_letter_after=dead_letter_after)
+        import assets.transforms.render  # noqa: F401 - the pictures' libraries, imported meanwhile
+        data = reading.result()
+    if not data.summary.partitions:
+        return render_page(data, {}, role=role), {}
+    maps = {"heatmap.png": heat_map(data)}
     if data.summary.by_quality:
-        images["quality.png"] = quality_png(data)
+        maps["quality.png"] = quality_map(data)
+    pngs = dict(zip(maps, grid_pngs(list(maps.values())), strict=True))
+    images = {"heatmap.png": pngs["heatmap.png"], "phases.png": phases_png(data)}
+    if "quality.png" in pngs:
+        images["quality.png"] = pngs["quality.png"]
     return render_page(data, images, role=role), images
 
 

@@ -24,12 +24,12 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import h3
 import matplotlib as mpl
 import matplotlib.style as mpl_style
 import numpy as np
-import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.axis import YAxis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -43,6 +43,9 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
 from resources.settings import Region
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Pixel density of every picture; with the figure sizes below this yields ~900 px wide images.
 DPI = 110

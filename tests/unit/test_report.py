@@ -224,3 +224,23 @@ def test_report_maps_quality_lists_what_waits_and_says_what_a_role_may_not_see(p
     assert "may not see the ingest, enrich, correlate phases" in page
     assert "QualityGateError" not in page  # enrich's errors are not the auditor's to see
     assert "1 held for review" in page
+
+
+def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
+    """The two maps share one drawing of their axes; a picture's bytes do not depend on what was
+    drawn before it, and the maps keep the page's grid and size."""
+    from pipeline.report import collect, grid_pngs, heat_map, quality_map
+
+    _, first = render_report_with_images(populated)
+    data = collect(populated)
+    grid_pngs([quality_map(data)])  # other drawings in between
+    grid_pngs([heat_map(data), quality_map(data)])
+    _, again = render_report_with_images(populated)
+    assert first == again
+    heat, quality = grid_pngs([heat_map(data), quality_map(data)])
+    assert heat == first["heatmap.png"]
+    assert _png_size(heat) == _png_size(quality)
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
