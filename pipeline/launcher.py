@@ -253,6 +253,11 @@ def zygote_main() -> None:
     # are not kept (dagster-postgres opens one per call unless pooled, which only a run does).
     with dg.DagsterInstance.get():
         pass
+    # The pictures' templates are drawn once here, for every run (see prepare_templates).
+    from assets.partitions import regions
+    from assets.transforms.render import prepare_templates
+
+    prepare_templates(regions())
     # The allocator settings and the frozen heap (gc.freeze: what every run shares is never
     # walked by a run's collections, nor copied by them) are inherited by every fork.
     prepare_process()

@@ -447,9 +447,10 @@ def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | No
     results.put(None)
 
 
-def _worker_context():  # -> multiprocessing context
+def _worker_context(keys: list[str]):  # -> multiprocessing context
     """How worker processes start: on Linux a fork of this process once it has imported Dagster
-    and the code location, else a fresh interpreter (spawn).
+    and the code location and drawn the picture templates of the ``keys``' regions, else a fresh
+    interpreter (spawn).
 
     A spawned worker imports Dagster and loads the code location itself: several seconds of one
     core, taken from the processes already working. Forked, it starts with all of it, shared
@@ -466,6 +467,12 @@ def _worker_context():  # -> multiprocessing context
         return mp.get_context("spawn")
     for module in WARM_MODULES:
         importlib.import_module(module)
+    from assets.partitions import regions
+    from assets.transforms.render import prepare_templates
+    from resources.keys import split_partition_key
+
+    wanted = {split_partition_key(key)[1] for key in keys}
+    prepare_templates([r for r in regions() if r.region_id in wanted])  # drawn once, for every worker
     return mp.get_context("fork")
 
 
@@ -486,7 +493,7 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:  # one worker, or one range run's worth of keys
         return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
-    ctx = _worker_context()
+    ctx = _worker_context(keys)
     tasks, results = ctx.Queue(), ctx.Queue()
     for block in blocks:
         tasks.put(block)

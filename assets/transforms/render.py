@@ -262,6 +262,19 @@ def _map_template(region: Region) -> _MapTemplate:
     return _kept(_map_templates, region, lambda: _MapTemplate(region), MAP_TEMPLATES)
 
 
+def prepare_templates(regions: Sequence[Region]) -> None:
+    """Draw the hourly chart's template and the map templates of ``regions`` (at most
+    :data:`MAP_TEMPLATES`) now, in a process about to fork the processes that draw: each fork
+    starts with them, shared copy-on-write, instead of drawing its own (about a quarter of a
+    second each; a run forked for one partition would pay it for each of its two pictures).
+    A map template is about 5 MB of pixels.
+    """
+    with _style():
+        _hourly_template()
+        for region in list(regions)[:MAP_TEMPLATES]:
+            _map_template(region)
+
+
 def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.DataFrame) -> bytes:
     """The body of :func:`render_map_png`: the region's template, then the day's artists over it.
 
@@ -432,10 +445,11 @@ def render_hourly_png(*, region: Region, day: str, enriched: pd.DataFrame, cell_
 
 
 #: The tops of the hourly chart's two value axes are one of these times a power of ten, the
-#: smallest at or above 1.15 × the day's highest value: the charts of most days share a template.
+#: smallest at or above 1.15 × the day's highest value.
 _NICE_TOPS = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-#: Hourly templates kept per process (one per pair of axis tops, whatever the region).
-HOURLY_TEMPLATES = 64
+#: Room beside the hourly chart's value axes for tick labels of this many digits: counts (a
+#: million or more is written in millions, "1.5M"), then gusts in m/s.
+HOURLY_LABEL_DIGITS = (6, 4)
 
 
 def nice_top(value: float) -> float:
@@ -457,70 +471,149 @@ def nice_top(value: float) -> float:
     return round(10.0 * scale, 12)  # pragma: no cover - 10.0 is always enough
 
 
-class _HourlyTemplate:
-    """What every hourly chart with the same two axis tops shares, drawn once: both value axes
-    with their ticks and labels, the hour axis, the grid and the legend, as pixels. A chart is
-    these pixels with its bars, the axes' spines, its gust line, its note and its title over them."""
+def tick_label(value: float) -> str:
+    """A value axis's tick label: ``12``, ``2.5``, ``150000``, ``1.5M``.
 
-    def __init__(self, count_top: float, gust_top: float) -> None:
+    Example:
+        >>> [tick_label(v) for v in (0.0, 2.5, 150000.0, 1500000.0)]
+        ['0', '2.5', '150000', '1.5M']
+    """
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def value_ticks(top: float) -> list[float]:
+    """Where a value axis from 0 to ``top`` has its ticks: matplotlib's choice of about five steps."""
+    from matplotlib.ticker import MaxNLocator
+
+    ticks = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(0.0, top)
+    return [round(float(v), 12) for v in ticks if -1e-9 <= v <= top * (1 + 1e-9)]
+
+
+def _shifted(fig: Figure, base, dx_px: float, dy_px: float):  # noqa: ANN001, ANN202 - matplotlib transforms
+    """``base`` moved by a fixed number of pixels."""
+    from matplotlib.transforms import ScaledTranslation
+
+    return base + ScaledTranslation(dx_px / fig.dpi, dy_px / fig.dpi, fig.dpi_scale_trans)
+
+
+class _HourlyTemplate:
+    """What every hourly chart shares, drawn once per process: the hour axis with its ticks and
+    label, the labels of both value axes, and the legend, as pixels.
+
+    A chart draws over these pixels what depends on its data: its two value axes (ticks, tick
+    labels and grid lines up to its own tops, see :func:`nice_top`), its bars, the axes' spines,
+    its gust line, its note and its title. The value axes are a row of tick marks and plain texts
+    beside each side, in a fixed room (:data:`HOURLY_LABEL_DIGITS`), so one template serves every
+    scale.
+    """
+
+    def __init__(self) -> None:
+        from matplotlib.transforms import blended_transform_factory
+
         hours = np.arange(24)
         self.fig, self.canvas = new_figure(HOURLY_SIZE_IN)
-        ax = self.ax = self.fig.add_axes((0.1, _HOURLY_BOTTOM, 0.8, _HOURLY_TOP - _HOURLY_BOTTOM))  # sides: fitted
+        fig = self.fig
+        ax = self.ax = fig.add_axes((0.1, _HOURLY_BOTTOM, 0.8, _HOURLY_TOP - _HOURLY_BOTTOM))  # sides: below
         ax.set_xlim(-0.6, 23.6)
         ax.set_xticks(hours[::2])
         ax.set_xlabel("Hour of day (UTC)")
-        ax.set_ylabel("Outages")
-        ax.set_ylim(0, count_top)
-        ax.grid(True, axis="y", linewidth=0.3, color="#bbbbbb", zorder=0)
+        ax.set_yticks([])
         ax2 = self.ax2 = ax.twinx()
-        ax2.set_ylim(0, gust_top)
-        ax2.set_ylabel("Max wind gust (m/s)")
+        ax2.set_yticks([])
         handles = [Rectangle((0, 0), 1, 1, color=BAR_COLOR, label="Outages reported"),
                    Line2D([], [], color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust")]
         # Below the plot: inside it would hide bars or the gust line.
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
                   frameon=False)
+        renderer = self.canvas.get_renderer()
+        self.tick_size = mpl.rcParams["ytick.major.size"]
+        self.tick_width = mpl.rcParams["ytick.major.width"]
+        self.label_size = mpl.rcParams["ytick.labelsize"]
+        self.gap = (self.tick_size + mpl.rcParams["ytick.major.pad"]) * fig.dpi / 72.0
+        rooms = []
+        for digits in HOURLY_LABEL_DIGITS:
+            probe = fig.text(0, 0, "8" * digits, fontsize=self.label_size)
+            rooms.append(self.gap + probe.get_window_extent(renderer).width
+                         + mpl.rcParams["axes.labelpad"] * fig.dpi / 72.0)
+            probe.remove()
+        self.left_side = blended_transform_factory(ax.transAxes, ax.transData)
+        self.right_side = blended_transform_factory(ax2.transAxes, ax2.transData)
+        ylabels = [ax.text(0, 0.5, "Outages", rotation=90, ha="right", va="center",
+                           transform=_shifted(fig, ax.transAxes, -rooms[0], 0)),
+                   ax.text(1, 0.5, "Max wind gust (m/s)", rotation=90, ha="left", va="center",
+                           transform=_shifted(fig, ax.transAxes, rooms[1], 0))]
         width = HOURLY_SIZE_IN[0] * DPI
-        left, right = _y_axis_px(ax.yaxis, self.canvas) / width, 1.0 - _y_axis_px(ax2.yaxis, self.canvas) / width
+        left = (rooms[0] + ylabels[0].get_window_extent(renderer).width + _EDGE_PX) / width
+        right = 1.0 - (rooms[1] + ylabels[1].get_window_extent(renderer).width + _EDGE_PX) / width
         ax.set_position((left, _HOURLY_BOTTOM, right - left, _HOURLY_TOP - _HOURLY_BOTTOM))  # ax2 follows
         self.canvas.draw()
-        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+        self.background = self.canvas.copy_from_bbox(fig.bbox)
+
+    def value_axis(self, top: float, *, right: bool) -> list:
+        """The artists of one value axis up to ``top``: its tick marks and labels, and on the left
+        (the counts) the grid lines across the plot. Added to the axes; the caller draws and removes them."""
+        from matplotlib.markers import TICKLEFT, TICKRIGHT
+
+        ax = self.ax2 if right else self.ax
+        ax.set_ylim(0, top)
+        ticks = value_ticks(top)
+        side = self.right_side if right else self.left_side
+        artists: list = []
+        if not right:
+            artists.append(ax.add_collection(LineCollection([((-0.6, v), (23.6, v)) for v in ticks], linewidths=0.3,
+                                                            colors="#bbbbbb", zorder=0), autolim=False))
+        artists.append(ax.add_line(Line2D([1.0 if right else 0.0] * len(ticks), ticks, transform=side,
+                                          marker=TICKRIGHT if right else TICKLEFT, markersize=self.tick_size,
+                                          markeredgewidth=self.tick_width, color="black", linestyle="",
+                                          clip_on=False)))
+        shift = _shifted(self.fig, side, self.gap if right else -self.gap, 0)
+        artists += [ax.text(1.0 if right else 0.0, v, tick_label(v), transform=shift, ha="left" if right else "right",
+                            va="center_baseline", fontsize=self.label_size, clip_on=False) for v in ticks]
+        return artists
 
 
-_hourly_templates: dict[tuple[float, float], _HourlyTemplate] = {}
+_hourly_templates: dict[str, _HourlyTemplate] = {}
 
 
-def _hourly_template(count_top: float, gust_top: float) -> _HourlyTemplate:
-    return _kept(_hourly_templates, (count_top, gust_top), lambda: _HourlyTemplate(count_top, gust_top),
-                 HOURLY_TEMPLATES)
+def _hourly_template() -> _HourlyTemplate:
+    return _kept(_hourly_templates, "hourly", _HourlyTemplate, 1)
 
 
 def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray) -> bytes:
-    """The body of :func:`render_hourly_png` (24 counts, 24 gusts): the template of its axis tops,
-    then the day's artists over it, each added, drawn and removed again (see :func:`_draw_map`)."""
+    """The body of :func:`render_hourly_png` (24 counts, 24 gusts): the template, then the day's
+    artists over it, each added, drawn and removed again (see :func:`_draw_map`)."""
     hours = np.arange(24)
     finite = gust[np.isfinite(gust)]
-    t = _hourly_template(nice_top(max(1, int(counts.max()))), nice_top(float(finite.max()) if finite.size else 0.0))
+    t = _hourly_template()
     ax, ax2 = t.ax, t.ax2
     # One collection for the 24 bars (``Axes.bar`` makes, adds and draws a patch per bar).
     bars = np.zeros((24, 4, 2))
     bars[:, :, 0] = hours[:, None] + np.array([-0.4, 0.4, 0.4, -0.4])
     bars[:, 2:, 1] = counts[:, None]
-    added: list = []
+    added: list = []  # every artist this chart adds, removed again at the end
     try:
-        added.append(ax.add_collection(
-            PolyCollection(bars, facecolors=BAR_COLOR, edgecolors="none", linewidths=0.0, zorder=2), autolim=False))
+        counts_axis = t.value_axis(nice_top(max(1, int(counts.max()))), right=False)  # grid, ticks, labels
+        added += counts_axis
+        gusts_axis = t.value_axis(nice_top(float(finite.max()) if finite.size else 0.0), right=True)
+        added += gusts_axis
+        bar_artists = [ax.add_collection(
+            PolyCollection(bars, facecolors=BAR_COLOR, edgecolors="none", linewidths=0.0, zorder=2), autolim=False)]
         if not counts.any():
-            added.append(_note(ax, "No outages reported", fontsize=11))
-        added += ax2.plot(hours, gust, color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust",
-                          scalex=False, scaley=False)
+            bar_artists.append(_note(ax, "No outages reported", fontsize=11))
+        added += bar_artists
+        line = ax2.plot(hours, gust, color=OUTLINE, marker="o", markersize=3, linewidth=1.4, label="Max gust",
+                        scalex=False, scaley=False)
+        added += line
         ax.set_title(f"{region.name} — outages per hour and max gust, {day}", y=1.0)  # y: see _draw_map
         t.canvas.restore_region(t.background)
-        # In a full drawing's order: the bar axes (bars, then its spines over them, note, title),
-        # then the gust axes (line, spines).
-        for artist in [added[0], *ax.spines.values(), *added[1:-1], ax.title]:
+        # In a full drawing's order: the bar axes (grid, bars, then its spines over them, note,
+        # ticks, title), then the gust axes (line, spines, ticks).
+        for artist in [counts_axis[0], bar_artists[0], *ax.spines.values(), *bar_artists[1:], *counts_axis[1:],
+                       ax.title]:
             ax.draw_artist(artist)
-        for artist in [added[-1], *ax2.spines.values()]:
+        for artist in [*line, *ax2.spines.values(), *gusts_axis]:
             ax2.draw_artist(artist)
         return encode_png(np.asarray(t.canvas.buffer_rgba()), dpi=t.fig.dpi)
     finally:
