@@ -453,8 +453,11 @@ def cmd_env(args: argparse.Namespace, settings: Settings) -> int:
         print(f"wrote {target}: Dagster's CLI run in this folder (dg dev, dg launch, ...) uses the instance "
               f"{os.environ['DAGSTER_HOME']}")
         return 0
+    from pipeline.instance import EVENT_BATCH_ENV
+
     print(f"export DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     print(f"export STORMLAKE_HOME={settings.home}")
+    print(f"export {EVENT_BATCH_ENV}={os.environ[EVENT_BATCH_ENV]}")
     return 0
 
 

@@ -64,9 +64,19 @@ HOST_TAG = "stormlake/run_worker_host"
 #: The modules the zygote imports before its first fork: the code location and what its phases
 #: import only when they run (the report's drawing, Delta writes).
 WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.render",
-                "assets.transforms.present", "deltalake")
+                "assets.transforms.present", "deltalake", "resources.pgserver",
+                # what Dagster imports only when it executes a run
+                "dagster._cli", "dagster._utils.test", "dagster._core.system_config.composite_descent",
+                "dagster._core.storage.local_compute_log_manager", "dagster._core.execution.plan.active")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BACKFILL_INTERVAL_S = 2
+
+
+def in_daemon() -> bool:
+    """Whether this process is Dagster's daemon (``python -m dagster._daemon run``, as ``dg dev``
+    starts it, or ``dagster-daemon run``)."""
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return prog.name == "dagster-daemon" or (prog.name == "__main__.py" and prog.parent.name == "_daemon")
 
 
 def code_stamp() -> str:
@@ -95,6 +105,17 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
                 description="Seconds between two looks of the backfill daemon at the backfills (Dagster's: 30).",
             ),
         }
+
+    def register_instance(self, instance: dg.DagsterInstance) -> None:
+        """In the daemon, also start the run launcher's warm process now, on a thread of its own:
+        the first run of a backfill then finds it ready instead of waiting the seconds its
+        imports take. The daemon builds its coordinator before it starts its loops; the webserver,
+        which only queues runs, starts none."""
+        super().register_instance(instance)
+        if in_daemon():
+            launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
+            if isinstance(launcher, WarmRunLauncher):
+                threading.Thread(target=launcher.prestart, name="stormlake-warm-process", daemon=True).start()
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StormlakeRunCoordinator:
@@ -167,6 +188,15 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                     if attempt == 2:
                         raise
         raise AssertionError("unreachable")
+
+    def prestart(self) -> None:
+        """Start the warm process unless it runs already (its failure is left to the first launch)."""
+        with self._lock:
+            if self._zygote is None or self._zygote.poll() is not None:
+                try:
+                    self._start_zygote()
+                except (OSError, dg.DagsterError):
+                    self._stop_zygote()
 
     # ---- RunLauncher ----------------------------------------------------------------------------
     def launch_run(self, context: LaunchRunContext) -> None:
@@ -255,9 +285,9 @@ def zygote_main() -> None:
         pass
     # The pictures' templates are drawn once here, for every run (see prepare_templates).
     from assets.partitions import regions
-    from assets.transforms.render import prepare_templates
+    from assets.transforms.present import prepare
 
-    prepare_templates(regions())
+    prepare(regions())
     # The allocator settings and the frozen heap (gc.freeze: what every run shares is never
     # walked by a run's collections, nor copied by them) are inherited by every fork.
     prepare_process()

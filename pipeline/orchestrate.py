@@ -468,11 +468,11 @@ def _worker_context(keys: list[str]):  # -> multiprocessing context
     for module in WARM_MODULES:
         importlib.import_module(module)
     from assets.partitions import regions
-    from assets.transforms.render import prepare_templates
+    from assets.transforms.present import prepare
     from resources.keys import split_partition_key
 
     wanted = {split_partition_key(key)[1] for key in keys}
-    prepare_templates([r for r in regions() if r.region_id in wanted])  # drawn once, for every worker
+    prepare([r for r in regions() if r.region_id in wanted])  # made once, for every worker
     return mp.get_context("fork")
 
 

@@ -33,7 +33,7 @@ import datetime as dt
 import functools
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ from assets.schemas import (
     STORM_CLUSTERS,
 )
 from assets.transforms.pages import html_escaped, page_environment
-from assets.transforms.render import render_hourly_png, render_map_png
+from assets.transforms.render import prepare_templates, render_hourly_png, render_map_png
 from resources.settings import Region
 
 TOP_FEEDERS = 10
@@ -484,6 +484,13 @@ def _hour(value: Any) -> str:
 def _degrees(value: float, pos: str, neg: str) -> str:
     """A latitude/longitude as ``29.2° N`` / ``90.6° W``."""
     return f"{abs(value):.2f}° {pos if value >= 0 else neg}"
+
+
+def prepare(regions: Sequence[Region]) -> None:
+    """Make now what present makes once per process (the page template, the pictures'
+    templates for ``regions``), in a process about to fork the processes that run it."""
+    _report_template()
+    prepare_templates(regions)
 
 
 @functools.cache

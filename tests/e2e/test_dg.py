@@ -235,7 +235,8 @@ def test_the_project_dotenv_follows_the_project_home_and_gives_way_to_the_shell(
         monkeypatch.delenv(key, raising=False)
     values = dotenv_values(project / ".env")
     assert values == {"STORMLAKE_WEBHOOK_URL": "http://127.0.0.1:9/hook", "STORMLAKE_HOME": str(home),
-                      "DAGSTER_HOME": str(home / "dagster"), "STORMLAKE_PG_DSN": sl_env["STORMLAKE_PG_DSN"]}
+                      "DAGSTER_HOME": str(home / "dagster"), "STORMLAKE_PG_DSN": sl_env["STORMLAKE_PG_DSN"],
+                      "DAGSTER_EVENT_BATCH_SIZE": "100"}
     monkeypatch.setenv("DAGSTER_HOME", "/from/the/shell")
     assert dotenv_values(project / ".env")["DAGSTER_HOME"] == "/from/the/shell"
 

@@ -146,3 +146,31 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
+        instance, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The daemon builds its coordinator when it starts; there the warm process starts too, so a
+    backfill's first run does not wait for its imports. Elsewhere (the webserver) none starts."""
+    import pipeline.launcher as launcher
+
+    assert not launcher.in_daemon()
+    instance.run_coordinator  # noqa: B018 - built outside the daemon
+    assert instance.run_launcher._zygote is None
+    monkeypatch.setattr(sys, "argv", [str(launcher.Path(dg.__file__).parent / "_daemon" / "__main__.py"), "run"])
+    assert launcher.in_daemon()
+    with dg.DagsterInstance.get() as daemon_instance:
+        daemon_instance.run_coordinator  # noqa: B018 - as the daemon builds it
+        warm = daemon_instance.run_launcher
+        try:
+            deadline = time.monotonic() + HANG_GUARD_S
+            while warm._zygote is None or warm._lock.locked():  # started on its own thread
+                assert time.monotonic() < deadline, "the warm process did not start"
+                time.sleep(0.1)
+            assert warm._zygote.poll() is None
+            zygote = warm._zygote
+            pid = warm._fork(str(uuid.uuid4()))  # the first launch uses it
+            assert warm._zygote is zygote
+            _wait_gone(pid)
+        finally:
+            warm.dispose()

@@ -668,8 +668,8 @@ def test_deterministic_across_processes(small) -> None:
 
 
 def test_pictures_do_not_depend_on_what_was_drawn_before(small) -> None:
-    """A picture is its template (per region for the map, per pair of axis tops for the hourly
-    chart, drawn once and kept) with the day's artists drawn over it: the bytes are the same from
+    """A picture is its template (per region for the map, one for the hourly chart, drawn once
+    and kept) with the day's artists drawn over it: the bytes are the same from
     a fresh template and after other regions, days and scales were drawn on the same one."""
     from assets.transforms import render
 
@@ -799,7 +799,7 @@ def test_drawing_pauses_the_garbage_collector_and_restores_it(small) -> None:
             draw()
         # Drawing with the collector running took ~13 collections per picture, some of them of the
         # old generations; paused, young collections free each picture's dead artists (the figures
-        # themselves are templates, drawn once per region and once per pair of axis tops).
+        # themselves are templates, drawn once per region and once for the hourly chart).
         assert len(collections) <= 2 * 6, collections
         assert {gen for gen, _ in collections} == {0}, collections
         assert sum(freed for _, freed in collections) > 0, collections
