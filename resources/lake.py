@@ -178,6 +178,8 @@ class Lake:
         self.partition_by = partition_by
         # One log handle per table for row_count, moved from version to version.
         self._count_handles: dict[str, DeltaTable] = {}
+        # One handle per table for writes, moved to the latest version before each (see _latest).
+        self._write_handles: dict[str, DeltaTable] = {}
 
     def uri(self, table: str) -> str:
         return self.root.rstrip("/") + "/" + table
@@ -227,6 +229,23 @@ class Lake:
                 raise LakeError(f"cannot add the columns {', '.join(f.name for f in new)} to {table}: {exc}") from exc
             return latest
         return self.table(table)
+
+    def _latest(self, table: str) -> DeltaTable:
+        """``table`` at its latest version, to write to. The handle is kept and moved forward
+        (``update_incremental`` reads only the commits since the handle's version, other
+        processes' included), where a new handle loads the last checkpoint and every commit after
+        it: about 13 ms a write on a table of 60 partitions. A handle whose update fails is
+        dropped for a new one."""
+        uri = self.uri(table)
+        dt = self._write_handles.get(uri)
+        if dt is not None:
+            try:
+                dt.update_incremental()
+                return dt
+            except (DeltaError, OSError):
+                del self._write_handles[uri]
+        dt = self._write_handles[uri] = self.table(table)
+        return dt
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
@@ -304,9 +323,10 @@ class Lake:
         data = data.select(schema.names).cast(schema)
         predicate = f"region_id = {_sql_str(region_id)} AND day = {_sql_str(day)}"
         for attempt in range(6):
-            dt = self.table(table)
+            dt = self._latest(table)
             if first_look:  # the table as this process first writes it: its schema brought up to date
                 dt, first_look = self._add_new_columns(table, dt), False
+                self._write_handles[self.uri(table)] = dt
             done = dt.transaction_version(app)
             if done is not None and done >= first_seq:
                 version = self.committed_version(table, app, done)
@@ -327,11 +347,13 @@ class Lake:
                 )
             except CommitFailedError as exc:
                 # Lost a commit race: reload and re-decide (maybe our earlier attempt won it).
+                self._write_handles.pop(self.uri(table), None)
                 if attempt == 5:
                     raise LakeError(f"{table} {region_id}/{day}: commit kept failing: {exc}") from exc
                 time.sleep(0.05 * (attempt + 1))
                 continue
             except DeltaError as exc:
+                self._write_handles.pop(self.uri(table), None)
                 raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
             # The handle now stands at our commit's version; confirm from that commit's info
             # (the newest entry of the handle's history, no reload) and fall back to a history
