@@ -38,6 +38,7 @@ it starts its threads, which is when the setting is applied
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -190,13 +191,11 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         raise AssertionError("unreachable")
 
     def prestart(self) -> None:
-        """Start the warm process unless it runs already (its failure is left to the first launch)."""
-        with self._lock:
+        """Start the warm process unless it runs already (its failure is left to the first launch,
+        which starts it again and reports it)."""
+        with self._lock, contextlib.suppress(OSError, dg.DagsterError):
             if self._zygote is None or self._zygote.poll() is not None:
-                try:
-                    self._start_zygote()
-                except (OSError, dg.DagsterError):
-                    self._stop_zygote()
+                self._start_zygote()
 
     # ---- RunLauncher ----------------------------------------------------------------------------
     def launch_run(self, context: LaunchRunContext) -> None:

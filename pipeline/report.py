@@ -231,10 +231,11 @@ def heat_grid(data: ReportData) -> HeatGrid:
     return HeatGrid(columns, unit, regions, tiers, failed, pending & ~failed)
 
 
-def _cell_artists(ax, g: HeatGrid, width: float, height: float, colors: list[str]) -> list[Any]:  # noqa: ANN001 - an Axes
-    """The grid's cells, value ``i`` in ``colors[i]`` (a negative value shows the axes' hatched
-    background), thin white lines between them, and its failed and pending cells marked: added to
-    ``ax`` in the order they are drawn."""
+def _cell_artists(ax, g: HeatGrid, width: float, height: float,  # noqa: ANN001 - an Axes
+                  colors: list[str]) -> tuple[list[Any], list[Any]]:
+    """Added to ``ax``: the grid's cells, value ``i`` in ``colors[i]`` (a negative value shows the
+    axes' hatched background) with thin white lines between them, then the marks of its failed and
+    pending cells; two lists, drawn under and over the axes' spines."""
     import numpy as np
     from matplotlib.collections import LineCollection
     from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -242,28 +243,28 @@ def _cell_artists(ax, g: HeatGrid, width: float, height: float, colors: list[str
     cmap = ListedColormap(colors)
     cmap.set_bad((0, 0, 0, 0))  # cells with no partition in the ledger show the hatched background
     norm = BoundaryNorm([i - 0.5 for i in range(len(colors) + 1)], cmap.N)
-    artists: list[Any] = [ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto",
-                                    interpolation="nearest", origin="upper")]
+    cells: list[Any] = [ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto",
+                                  interpolation="nearest", origin="upper")]
     nr, nd = g.tiers.shape
     if nd <= 120 and nr <= 120:  # thin white lines between cells
         xs = np.arange(0.5, nd - 1, 1.0)
         ys = np.arange(0.5, nr - 1, 1.0)
         segments = [((x, -0.5), (x, nr - 0.5)) for x in xs] + [((-0.5, y), (nd - 0.5, y)) for y in ys]
-        artists.append(ax.add_collection(LineCollection(segments, colors="white",
-                                                        linewidths=1.0 if max(nd, nr) < 60 else 0.4),
-                                         autolim=False))
-    artists += [ax.spines["left"], ax.spines["bottom"]]  # over the cells, as in a full drawing
+        cells.append(ax.add_collection(LineCollection(segments, colors="white",
+                                                      linewidths=1.0 if max(nd, nr) < 60 else 0.4),
+                                       autolim=False))
+    marks: list[Any] = []
     cell_pt = min(width * 0.8 * 72 / max(nd, 1), height * 0.75 * 72 / max(nr, 1))
     size = max(4.0, (0.55 * cell_pt) ** 2)  # a marker of about half a cell, in points squared
     failed_y, failed_x = np.nonzero(g.failed)
     pending_y, pending_x = np.nonzero(g.pending)
     if len(failed_x):
-        artists.append(ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
-                                  linewidths=0.6 if cell_pt > 8 else 0, zorder=3))
+        marks.append(ax.scatter(failed_x, failed_y, marker="X", s=size, c=FAILED_RED, edgecolors="white",
+                                linewidths=0.6 if cell_pt > 8 else 0, zorder=3))
     if len(pending_x):
-        artists.append(ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
-                                  edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3))
-    return artists
+        marks.append(ax.scatter(pending_x, pending_y, marker="o", s=size * 0.8, facecolors="none",
+                                edgecolors=PENDING_ORANGE, linewidths=1.6 if cell_pt > 8 else 0.8, zorder=3))
+    return cells, marks
 
 
 def _label_axes(ax, g: HeatGrid, width: float, height: float) -> tuple[float, float]:  # noqa: ANN001 - an Axes
@@ -274,9 +275,12 @@ def _label_axes(ax, g: HeatGrid, width: float, height: float) -> tuple[float, fl
     again on every layout pass; a year's 50 regions and 53 weeks made this the slowest part of the
     report). Returns the pixels the labels need left of and below the axes.
     """
+    import matplotlib as mpl
     from matplotlib.lines import Line2D
     from matplotlib.markers import TICKDOWN, TICKLEFT
-    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+    from matplotlib.transforms import blended_transform_factory
+
+    from assets.transforms.render import shifted
 
     nr, nd = g.tiers.shape
     fig = ax.figure
@@ -290,10 +294,8 @@ def _label_axes(ax, g: HeatGrid, width: float, height: float) -> tuple[float, fl
     ax.patch.set_edgecolor("#d0d0d0")
     _hide_top_right(ax)
 
-    def shifted(base, dx_px: float, dy_px: float):  # noqa: ANN001, ANN202 - matplotlib transforms
-        return base + ScaledTranslation(dx_px / fig.dpi, dy_px / fig.dpi, fig.dpi_scale_trans)
-
-    gap = TICK_PT * fig.dpi / 72  # a tick's length, then as much again to its label, as matplotlib's
+    tick_pt = mpl.rcParams["xtick.major.size"]
+    gap = tick_pt * fig.dpi / 72  # a tick's length, then as much again to its label, as matplotlib's
     below = blended_transform_factory(ax.transData, ax.transAxes)
     beside = blended_transform_factory(ax.transAxes, ax.transData)
     xs = list(range(0, nd, _tick_step(nd, int(width * 4))))
@@ -301,20 +303,21 @@ def _label_axes(ax, g: HeatGrid, width: float, height: float) -> tuple[float, fl
     for pos, transform, marker in ((xs, below, TICKDOWN), (ys, beside, TICKLEFT)):
         zeros = [0] * len(pos)
         ax.add_line(Line2D(*((pos, zeros) if marker == TICKDOWN else (zeros, pos)), transform=transform,
-                           marker=marker, markersize=TICK_PT, markeredgewidth=0.8, color="black",
+                           marker=marker, markersize=tick_pt, markeredgewidth=mpl.rcParams["xtick.major.width"],
+                           color="black",
                            linestyle="", clip_on=False))
-    xlabels = [ax.text(i, 0, g.columns[i], transform=shifted(below, 0, -2 * gap), rotation=60, ha="right",
+    xlabels = [ax.text(i, 0, g.columns[i], transform=shifted(fig, below, 0, -2 * gap), rotation=60, ha="right",
                        va="top", rotation_mode="anchor", fontsize=8, clip_on=False) for i in xs]
-    ylabels = [ax.text(0, i, g.regions[i], transform=shifted(beside, -2 * gap, 0), ha="right",
+    ylabels = [ax.text(0, i, g.regions[i], transform=shifted(fig, beside, -2 * gap, 0), ha="right",
                        va="center_baseline", fontsize=8, clip_on=False) for i in ys]
     renderer = fig.canvas.get_renderer()
     box = ax.get_window_extent(renderer)
     depth = box.y0 - min(t.get_window_extent(renderer).y0 for t in xlabels) + 4
     reach = box.x0 - min(t.get_window_extent(renderer).x0 for t in ylabels) + 4
     xlabel = ax.text(0.5, 0, "day" if g.unit == "day" else "week (from Monday)", ha="center", va="top",
-                     transform=shifted(ax.transAxes, 0, -depth), fontsize="medium")
+                     transform=shifted(fig, ax.transAxes, 0, -depth), fontsize="medium")
     ylabel = ax.text(0, 0.5, "region", rotation=90, ha="right", va="center",
-                     transform=shifted(ax.transAxes, -reach, 0), fontsize="medium")
+                     transform=shifted(fig, ax.transAxes, -reach, 0), fontsize="medium")
     return (reach + ylabel.get_window_extent(renderer).width,
             depth + xlabel.get_window_extent(renderer).height)
 
@@ -354,8 +357,6 @@ class GridMap:
     handles: list[Any]
 
 
-#: Length of a tick mark on the grids' axes, in points (matplotlib's default).
-TICK_PT = 3.5
 #: Blank pixels between the pictures' outermost texts and the figure's edge.
 GRID_EDGE_PX = 8.0
 
@@ -371,9 +372,7 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
     title and the widest legend. A map's pixels depend only on the maps asked for, never on what was
     drawn before.
     """
-    import numpy as np
-
-    from assets.transforms.render import encode_png, new_figure
+    from assets.transforms.render import draw_over, new_figure
 
     g = maps[0].grid
     nr, nd = g.tiers.shape
@@ -397,29 +396,25 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
         leg.set_bbox_to_anchor((1 - right / fw, 1 - GRID_EDGE_PX / fh), transform=fig.transFigure)
         leg.set_visible(False)
     title.set_text("")
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(False)  # drawn over each map's cells
+    spines = [ax.spines["left"], ax.spines["bottom"]]  # drawn over each map's cells, not in the template
+    for spine in spines:
+        spine.set_visible(False)
     canvas.draw()
     background = canvas.copy_from_bbox(fig.bbox)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(True)
+    for spine in spines:
+        spine.set_visible(True)
     pngs = []
     for m, leg in zip(maps, legends, strict=True):
-        artists = _cell_artists(ax, m.grid, width, height, m.colors)
+        cells, marks = _cell_artists(ax, m.grid, width, height, m.colors)
         try:
             title = ax.set_title(m.title, loc="left", fontsize=11, y=1.0)
             leg.set_visible(True)
-            canvas.restore_region(background)
-            for artist in [*artists, title]:
-                ax.draw_artist(artist)
-            fig.draw_artist(leg)
-            pngs.append(encode_png(np.asarray(canvas.buffer_rgba()), dpi=fig.dpi))
+            pngs.append(draw_over(canvas, background, [(ax, [*cells, *spines, *marks, title]), (fig, [leg])]))
         finally:
             leg.set_visible(False)
             ax.set_title("", loc="left")
-            for artist in artists:
-                if artist not in ax.spines.values():
-                    artist.remove()
+            for artist in [*cells, *marks]:
+                artist.remove()
     return pngs
 
 
@@ -669,13 +664,10 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAUL
         data = reading.result()
     if not data.summary.partitions:
         return render_page(data, {}, role=role), {}
-    maps = {"heatmap.png": heat_map(data)}
-    if data.summary.by_quality:
-        maps["quality.png"] = quality_map(data)
-    pngs = dict(zip(maps, grid_pngs(list(maps.values())), strict=True))
-    images = {"heatmap.png": pngs["heatmap.png"], "phases.png": phases_png(data)}
-    if "quality.png" in pngs:
-        images["quality.png"] = pngs["quality.png"]
+    heat, *quality = grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])])
+    images = {"heatmap.png": heat, "phases.png": phases_png(data)}
+    if quality:
+        images["quality.png"] = quality[0]
     return render_page(data, images, role=role), images
 
 

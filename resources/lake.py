@@ -299,9 +299,11 @@ class Lake:
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
 
-    def committed_version(self, table: str, app: str, seq: int, *, search: int = 500) -> int | None:
-        """The table version whose commit carries app transaction ``(app, seq)``, if any."""
-        dt = self.table(table)
+    def committed_version(self, table: str, app: str, seq: int, *, search: int = 500,
+                          dt: DeltaTable | None = None) -> int | None:
+        """The table version whose commit carries app transaction ``(app, seq)``, if any; searched in
+        ``dt`` (a handle at the latest version) when given, else in the table loaded anew."""
+        dt = dt if dt is not None else self.table(table)
         for entry in dt.history(search):
             if entry.get(APP_KEY) == app and str(entry.get(SEQ_KEY)) == str(seq):
                 return int(entry["version"])
@@ -318,6 +320,7 @@ class Lake:
             keep: keep the written partition in the process cache for a later reader.
         """
         first_look = self.ensure_table(table)
+        uri = self.uri(table)
         app = app_id(table, region_id, day)
         schema = self.schemas[table]
         data = data.select(schema.names).cast(schema)
@@ -326,10 +329,10 @@ class Lake:
             dt = self._latest(table)
             if first_look:  # the table as this process first writes it: its schema brought up to date
                 dt, first_look = self._add_new_columns(table, dt), False
-                self._write_handles[self.uri(table)] = dt
+                self._write_handles[uri] = dt
             done = dt.transaction_version(app)
             if done is not None and done >= first_seq:
-                version = self.committed_version(table, app, done)
+                version = self.committed_version(table, app, done, dt=dt)
                 if version is not None:
                     return WriteResult(table, version, written=False, rows=data.num_rows)
             try:
@@ -347,13 +350,13 @@ class Lake:
                 )
             except CommitFailedError as exc:
                 # Lost a commit race: reload and re-decide (maybe our earlier attempt won it).
-                self._write_handles.pop(self.uri(table), None)
+                self._write_handles.pop(uri, None)
                 if attempt == 5:
                     raise LakeError(f"{table} {region_id}/{day}: commit kept failing: {exc}") from exc
                 time.sleep(0.05 * (attempt + 1))
                 continue
             except DeltaError as exc:
-                self._write_handles.pop(self.uri(table), None)
+                self._write_handles.pop(uri, None)
                 raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
             # The handle now stands at our commit's version; confirm from that commit's info
             # (the newest entry of the handle's history, no reload) and fall back to a history
@@ -362,11 +365,11 @@ class Lake:
             entry = dt.history(1)
             if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app
                     or str(entry[0].get(SEQ_KEY)) != str(seq)):
-                version = self.committed_version(table, app, seq)
+                version = self.committed_version(table, app, seq)  # the table loaded anew
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
             if keep:
-                self.cache.remember((self.uri(table), region_id, day, version), data)
+                self.cache.remember((uri, region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows)
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 

@@ -61,8 +61,9 @@ PNG_ZLIB_LEVEL = 3
 
 # Fixed layout, in figure fractions: the bottom and top of the axes (room for the title above,
 # the x tick labels and axis label, and for the hourly chart its legend, below) and the right
-# edge of the map's box (room for the colorbar). The side margins of the value axes are fitted
-# to their tick labels by :func:`_y_axis_px`.
+# edge of the map's box (room for the colorbar). The map's left margin is fitted to its tick
+# labels by :func:`_y_axis_px`; the hourly chart's side margins are a fixed room for its value
+# axes' labels (:data:`HOURLY_LABEL_DIGITS`).
 _MAP_BOTTOM, _MAP_TOP, _MAP_RIGHT = 0.075, 0.93, 0.86
 _MAP_CBAR_PAD, _MAP_CBAR_WIDTH, _MAP_CBAR_SHRINK, _MAP_CBAR_MIN = 0.02, 0.032, 0.8, 0.4
 _HOURLY_BOTTOM, _HOURLY_TOP = 0.27, 0.91
@@ -147,6 +148,17 @@ def new_figure(
 def figure_png(canvas: FigureCanvasAgg) -> bytes:
     """Draw the canvas's figure and encode it with :func:`encode_png`."""
     canvas.draw()
+    return encode_png(np.asarray(canvas.buffer_rgba()), dpi=canvas.figure.dpi)
+
+
+def draw_over(canvas: FigureCanvasAgg, background: object, layers: Sequence[tuple[object, Sequence]]) -> bytes:
+    """PNG bytes of a template's pixels (``background``, from ``canvas.copy_from_bbox``) with
+    ``layers`` drawn over them: (axes or figure, its artists), each artist drawn on its own, in
+    order. Nothing else of the figure is drawn again."""
+    canvas.restore_region(background)
+    for owner, artists in layers:
+        for artist in artists:
+            owner.draw_artist(artist)
     return encode_png(np.asarray(canvas.buffer_rgba()), dpi=canvas.figure.dpi)
 
 
@@ -295,10 +307,7 @@ def _draw_map(region: Region, day: str, cell_risk: pd.DataFrame, clusters: pd.Da
         above.append(_map_legend(ax, len(clusters)))
         # An explicit y skips the per-draw search for top tick labels to dodge (there are none).
         ax.set_title(f"{region.name} — outage risk by H3 cell, {day} (UTC)", y=1.0)
-        t.canvas.restore_region(t.background)
-        for artist in [*below, *ax.spines.values(), *above, ax.title]:
-            ax.draw_artist(artist)
-        return encode_png(np.asarray(t.canvas.buffer_rgba()), dpi=t.fig.dpi)
+        return draw_over(t.canvas, t.background, [(ax, [*below, *ax.spines.values(), *above, ax.title])])
     finally:
         for artist in [*below, *above]:
             artist.remove()
@@ -491,8 +500,8 @@ def value_ticks(top: float) -> list[float]:
     return [round(float(v), 12) for v in ticks if -1e-9 <= v <= top * (1 + 1e-9)]
 
 
-def _shifted(fig: Figure, base, dx_px: float, dy_px: float):  # noqa: ANN001, ANN202 - matplotlib transforms
-    """``base`` moved by a fixed number of pixels."""
+def shifted(fig: Figure, base, dx_px: float, dy_px: float):  # noqa: ANN001, ANN202 - matplotlib transforms
+    """``base`` moved by a fixed number of pixels of ``fig``."""
     from matplotlib.transforms import ScaledTranslation
 
     return base + ScaledTranslation(dx_px / fig.dpi, dy_px / fig.dpi, fig.dpi_scale_trans)
@@ -541,9 +550,9 @@ class _HourlyTemplate:
         self.left_side = blended_transform_factory(ax.transAxes, ax.transData)
         self.right_side = blended_transform_factory(ax2.transAxes, ax2.transData)
         ylabels = [ax.text(0, 0.5, "Outages", rotation=90, ha="right", va="center",
-                           transform=_shifted(fig, ax.transAxes, -rooms[0], 0)),
+                           transform=shifted(fig, ax.transAxes, -rooms[0], 0)),
                    ax.text(1, 0.5, "Max wind gust (m/s)", rotation=90, ha="left", va="center",
-                           transform=_shifted(fig, ax.transAxes, rooms[1], 0))]
+                           transform=shifted(fig, ax.transAxes, rooms[1], 0))]
         width = HOURLY_SIZE_IN[0] * DPI
         left = (rooms[0] + ylabels[0].get_window_extent(renderer).width + _EDGE_PX) / width
         right = 1.0 - (rooms[1] + ylabels[1].get_window_extent(renderer).width + _EDGE_PX) / width
@@ -568,7 +577,7 @@ class _HourlyTemplate:
                                           marker=TICKRIGHT if right else TICKLEFT, markersize=self.tick_size,
                                           markeredgewidth=self.tick_width, color="black", linestyle="",
                                           clip_on=False)))
-        shift = _shifted(self.fig, side, self.gap if right else -self.gap, 0)
+        shift = shifted(self.fig, side, self.gap if right else -self.gap, 0)
         artists += [ax.text(1.0 if right else 0.0, v, tick_label(v), transform=shift, ha="left" if right else "right",
                             va="center_baseline", fontsize=self.label_size, clip_on=False) for v in ticks]
         return artists
@@ -607,15 +616,12 @@ def _draw_hourly(region: Region, day: str, counts: np.ndarray, gust: np.ndarray)
                         scalex=False, scaley=False)
         added += line
         ax.set_title(f"{region.name} — outages per hour and max gust, {day}", y=1.0)  # y: see _draw_map
-        t.canvas.restore_region(t.background)
         # In a full drawing's order: the bar axes (grid, bars, then its spines over them, note,
         # ticks, title), then the gust axes (line, spines, ticks).
-        for artist in [counts_axis[0], bar_artists[0], *ax.spines.values(), *bar_artists[1:], *counts_axis[1:],
-                       ax.title]:
-            ax.draw_artist(artist)
-        for artist in [*line, *ax2.spines.values(), *gusts_axis]:
-            ax2.draw_artist(artist)
-        return encode_png(np.asarray(t.canvas.buffer_rgba()), dpi=t.fig.dpi)
+        return draw_over(t.canvas, t.background, [
+            (ax, [counts_axis[0], bar_artists[0], *ax.spines.values(), *bar_artists[1:], *counts_axis[1:], ax.title]),
+            (ax2, [*line, *ax2.spines.values(), *gusts_axis]),
+        ])
     finally:
         for artist in added:
             artist.remove()
