@@ -244,3 +244,27 @@ def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
 
 def _png_size(png: bytes) -> tuple[int, int]:
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_a_year_shows_weeks_as_columns_with_the_lowest_tier_of_each() -> None:
+    """Past WEEK_COLUMNS_AFTER days the heat map's columns are weeks from Monday: a cell is the
+    lowest tier of the week in its region, marked when any of its days failed."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from pipeline.report import WEEK_COLUMNS_AFTER, grid_pngs, heat_grid, heat_map
+    from resources.ledger_views import GridCell
+
+    start = dt.date(2026, 8, 31)  # a Monday
+    days = [(start + dt.timedelta(days=d)).isoformat() for d in range(365)]
+    assert len(days) > WEEK_COLUMNS_AFTER
+    cells = [GridCell(region, day, 4, False, False) for region in ("a", "b") for day in days]
+    cells[3] = GridCell("a", days[3], 1, True, False)  # the first Thursday in region a: failed at tier 1
+    data = SimpleNamespace(grid=cells, region_names={"a": "Region A", "b": "Region B"})
+    g = heat_grid(data)
+    assert g.unit == "week" and g.regions == ["a", "b"]
+    assert len(g.columns) == 53 and g.columns[:2] == ["2026-08-31", "2026-09-07"]
+    assert g.tiers[0, 0] == 1 and g.failed[0, 0] and not g.failed[0, 1:].any()
+    assert (g.tiers[0, 1:] == 4).all() and (g.tiers[1] == 4).all()
+    (png,) = grid_pngs([heat_map(data)])
+    assert png.startswith(PNG_MAGIC) and png == grid_pngs([heat_map(data)])[0]
