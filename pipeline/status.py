@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from resources.ledger import Ledger
-from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter
+from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter, StatusSummary
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
 #: Up to this many partitions the unfiltered table lists them all.
@@ -100,15 +100,16 @@ def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered
     else the tier counts and the partitions that need attention; with ``dead_letter_after``, a last
     line counting the dead letters when there are any."""
     v = views(ledger)
-    yield from _table(v, flt, filtered)
-    if dead_letter_after is not None:
+    summary = v.summary(flt)
+    yield from _table(v, summary, flt, filtered)
+    # a dead letter is a FAILED head: with none among all the partitions, there is none to count
+    if dead_letter_after is not None and (filtered or summary.with_failure):
         dead = v.dead_letters(dead_letter_after)
         if dead:
             yield f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review"
 
 
-def _table(v: LedgerViews, flt: StatusFilter, filtered: bool) -> Iterator[str]:
-    summary = v.summary(flt)
+def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: bool) -> Iterator[str]:
     if summary.partitions == 0:
         yield ("no partitions match the filters" if filtered else
                "no partitions in the ledger yet (run `stormlake demo` or `stormlake backfill`)")

@@ -327,7 +327,7 @@ class LedgerViews:
         query = self._q(
             "WITH o AS (SELECT phase, position FROM phase_order),"
             " need AS (SELECT s.partition_key, s.region_id, s.day, s.tier,"
-            "   (SELECT array_agg(o.phase ORDER BY o.position) FROM o WHERE s.phases->o.phase->>'status' = 'FAILED')"
+            "   (SELECT array_agg(o.phase ORDER BY o.position) FROM o WHERE o.phase = ANY (s.failed_phases))"
             "     AS failed_phases"
             "   FROM {ps} s WHERE ({where}) AND (s.failed OR s.tier < (SELECT max(position) FROM o))),"
             " held AS (SELECT need.*, coalesce(need.failed_phases[1], (SELECT o.phase FROM o WHERE o.position ="

@@ -176,6 +176,55 @@ def test_stormlake_reads_as_each_role_show_its_phases_and_say_what_they_could_no
         reader.close()
 
 
+def _claim(ledger: Ledger, key: str, phase: str):  # noqa: ANN202 - a Claim
+    day, region = key.split("|")
+    claim = ledger.claim(partition_key=key, region_id=region, day=day, phase=phase, input_hash=f"{phase}-in",
+                         schema_version=1, code_version="1", run_id="r").claim
+    assert claim is not None
+    return claim
+
+
+def _through(ledger: Ledger, key: str, phases: list[str]) -> None:
+    """``phases`` of ``key`` COMPLETED in order, each on the state of the ones before."""
+    upstream: dict[str, str] = {}
+    for name in phases:
+        cp = ledger.complete(_claim(ledger, key, name), state_hash=f"{name}-s", tier=NAMES.index(name) + 1,
+                             tier_label=PHASES[NAMES.index(name)].tier_label, run_id="r",
+                             summary={"upstream": dict(upstream)})
+        upstream[name] = cp.state_hash or ""
+
+
+@pytest.mark.parametrize("role", sorted(MAY_READ))
+def test_failed_and_pending_count_only_the_phases_a_role_may_read(published: Ledger, role: str) -> None:
+    """A failure or a claim in a phase a role may not read is not shown to it: not in the
+    partitions' flags, the summary's counts, nor the partitions that need attention."""
+    enrich_failed, correlate_pending = "2026-09-02|gulf_coast", "2026-09-03|gulf_coast"
+    _through(published, enrich_failed, ["ingest"])
+    assert published.fail(_claim(published, enrich_failed, "enrich"), error_class="BadInput",
+                          error_message="enrich broke", run_id="r")
+    _through(published, correlate_pending, ["ingest", "enrich"])
+    _claim(published, correlate_pending, "correlate")
+
+    reader = Ledger(published.dsn, role=role, audited=role != PIPELINE_ROLE)
+    try:
+        views = LedgerViews(reader)
+        rows = {r.partition_key: r for r in views.partitions()}
+        sees = MAY_READ[role]
+        assert (rows[enrich_failed].failed, rows[enrich_failed].pending) == ("enrich" in sees, False)
+        assert (rows[correlate_pending].failed, rows[correlate_pending].pending) == (False, "correlate" in sees)
+        assert not rows[KEY].failed and not rows[KEY].pending
+        summary = views.summary()
+        assert (summary.with_failure, summary.with_pending) == (int("enrich" in sees), int("correlate" in sees))
+        total, attention = views.attention(10)
+        assert total == 2  # neither partition is at the last tier, whatever the role sees
+        held = {a.partition_key: a for a in attention}
+        assert held[enrich_failed].state == ("FAILED" if "enrich" in sees else "not run")
+        assert held[enrich_failed].phase == "enrich" and held[enrich_failed].also_failed == []
+        assert held[correlate_pending].state == ("PENDING" if "correlate" in sees else "not run")
+    finally:
+        reader.close()
+
+
 def test_grant_and_revoke_change_the_policy_and_are_recorded(published: Ledger) -> None:
     owner = Ledger(published.dsn, role=None)
     reader = Ledger(published.dsn, role="ops_reader", audited=True)
