@@ -12,7 +12,9 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,13 +240,14 @@ def _cell_artists(ax, g: HeatGrid, width: float, height: float,  # noqa: ANN001 
     pending cells; two lists, drawn under and over the axes' spines."""
     import numpy as np
     from matplotlib.collections import LineCollection
-    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.colors import to_rgba_array
 
-    cmap = ListedColormap(colors)
-    cmap.set_bad((0, 0, 0, 0))  # cells with no partition in the ledger show the hatched background
-    norm = BoundaryNorm([i - 0.5 for i in range(len(colors) + 1)], cmap.N)
-    cells: list[Any] = [ax.imshow(np.ma.masked_less(g.tiers, 0), cmap=cmap, norm=norm, aspect="auto",
-                                  interpolation="nearest", origin="upper")]
+    # The cells' colours are looked up here, on the grid itself, and the image is given as RGBA:
+    # matplotlib then only resamples it to the axes' pixels, instead of resampling the values
+    # and their mask and colouring every pixel of the picture.
+    lut = np.vstack([(to_rgba_array(colors) * 255).round(), [[0, 0, 0, 0]]]).astype(np.uint8)
+    index = np.where(g.tiers < 0, len(colors), g.tiers).astype(np.intp)  # -1: transparent, the background shows
+    cells: list[Any] = [ax.imshow(lut[index], aspect="auto", interpolation="nearest", origin="upper")]
     nr, nd = g.tiers.shape
     if nd <= 120 and nr <= 120:  # thin white lines between cells
         xs = np.arange(0.5, nd - 1, 1.0)
@@ -649,6 +652,46 @@ def render_page(data: ReportData, images: dict[str, bytes], *, role: str | None 
     )
 
 
+def drawn_aside(draw: Callable[[], bytes]) -> Callable[[], bytes]:
+    """Start ``draw()`` in a forked process and return a function that waits for its bytes.
+
+    The report's pictures take a core each for a few hundred milliseconds on a year's ledger; a
+    fork of this process (the drawing libraries already imported, the data already read) draws one
+    on the other core. The child draws, writes the bytes to a pipe and leaves with ``os._exit``
+    (it touches neither the ledger's connections nor anything else of this process). Where fork is
+    not available, or the child does not deliver, the picture is drawn here instead: the same
+    bytes, since a drawing depends only on its data.
+    """
+    if not hasattr(os, "fork"):
+        return draw
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return draw
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            png = draw()
+            with os.fdopen(w, "wb") as out:
+                out.write(png)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+
+    def result() -> bytes:
+        with os.fdopen(r, "rb") as pipe:
+            png = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        return png if os.waitstatus_to_exitcode(status) == 0 else draw()
+
+    return result
+
+
 def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
                               role: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The page and its pictures (name -> PNG bytes), for callers that also want the files.
@@ -664,8 +707,12 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAUL
         data = reading.result()
     if not data.summary.partitions:
         return render_page(data, {}, role=role), {}
-    heat, *quality = grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])])
-    images = {"heatmap.png": heat, "phases.png": phases_png(data)}
+    phases = drawn_aside(lambda: phases_png(data))  # on the other core while the maps are drawn here
+    try:
+        heat, *quality = grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])])
+    finally:
+        phases_picture = phases()  # the child is waited for even when the maps failed
+    images = {"heatmap.png": heat, "phases.png": phases_picture}
     if quality:
         images["quality.png"] = quality[0]
     return render_page(data, images, role=role), images

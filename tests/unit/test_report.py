@@ -229,7 +229,7 @@ def test_report_maps_quality_lists_what_waits_and_says_what_a_role_may_not_see(p
 def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
     """The two maps share one drawing of their axes; a picture's bytes do not depend on what was
     drawn before it, and the maps keep the page's grid and size."""
-    from pipeline.report import collect, grid_pngs, heat_map, quality_map
+    from pipeline.report import collect, grid_pngs, heat_map, phases_png, quality_map
 
     _, first = render_report_with_images(populated)
     data = collect(populated)
@@ -240,6 +240,28 @@ def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
     heat, quality = grid_pngs([heat_map(data), quality_map(data)])
     assert heat == first["heatmap.png"]
     assert _png_size(heat) == _png_size(quality)
+    assert phases_png(data) == first["phases.png"]  # drawn here, and in the report by a forked process
+
+
+def test_a_picture_drawn_aside_is_the_one_drawn_here_and_a_child_that_fails_is_made_up_for() -> None:
+    """drawn_aside hands back the child's bytes (more than a pipe holds, read after the child has
+    finished); where the child does not deliver, the picture is drawn in this process instead."""
+    import os
+
+    from pipeline.report import drawn_aside
+
+    here = os.getpid()
+    big = bytes(range(256)) * 4096  # 1 MiB: the child waits on the pipe until it is read
+    wait = drawn_aside(lambda: big + os.getpid().to_bytes(4, "big"))
+    child = wait()
+    assert child[:-4] == big and int.from_bytes(child[-4:], "big") != here  # drawn by another process
+
+    def dies_in_the_child() -> bytes:
+        if os.getpid() != here:
+            os._exit(3)
+        return b"drawn here"
+
+    assert drawn_aside(dies_in_the_child)() == b"drawn here"
 
 
 def _png_size(png: bytes) -> tuple[int, int]:
