@@ -119,7 +119,13 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
 
     warm = instance.run_launcher
     here = socket.gethostname()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # The worker stands in for a run's: it handles SIGINT as Python does (even if this process
+    # ignores it, which a child would inherit) and says so before the test goes on, so the
+    # interrupt never lands in its start-up.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                                "print('ready', flush=True)\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    assert sleeper.stdout is not None and sleeper.stdout.readline() == "ready\n"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
 
@@ -146,6 +152,7 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+        sleeper.stdout.close()
 
 
 def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
