@@ -162,7 +162,7 @@ def year(ledger: Ledger, pg_dsn: str) -> Ledger:
                    CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'FAILED' ELSE 'COMPLETED' END,
                    's-' || o.phase, 1, '1', 1, 1, 1, o.position, o.tier_label, 'run',
                    CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'GraderError' END,
-                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'risk out of range' END, '{}'
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'risk "out" of range: ±5 °C' END, '{}'
             FROM parts, phase_order o
             WHERE NOT ((r + d) % 9 = 0 AND o.position = 4)
             """
@@ -188,6 +188,13 @@ def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
     n = write_json(year, buf, StatusFilter())
     doc = json.loads(buf.getvalue())
     assert n == 80 and doc == {"partitions": partition_status(year)}
+    # Each object is the text PostgreSQL prints for it as jsonb: its key order, spacing and escapes.
+    texts = list(views(year).stream_status_json(StatusFilter()))
+    with psycopg.connect(year.dsn) as conn:
+        printed = conn.execute("SELECT t::jsonb::text FROM unnest(%s::text[]) WITH ORDINALITY u(t, i) ORDER BY i",
+                               (texts,)).fetchall()
+    assert [p for (p,) in printed] == texts
+    assert any('risk \\"out\\" of range: ±5 °C' in t for t in texts)
     empty = io.StringIO()
     assert write_json(year, empty, StatusFilter(regions=("nowhere",))) == 0
     assert json.loads(empty.getvalue()) == {"partitions": []}
@@ -200,7 +207,7 @@ def test_a_large_ledger_shows_a_summary_and_what_needs_attention(year: Ledger) -
     assert lines[0].startswith("partitions by tier:") and "2 enriched 8" in lines[0], lines[0]
     assert "needing attention: 8" in text
     attention = [ln for ln in lines if "FAILED" in ln and "correlate" in ln]
-    assert len(attention) == 8 and all("GraderError: risk out of range" in ln for ln in attention)
+    assert len(attention) == 8 and all('GraderError: risk "out" of range: ±5 °C' in ln for ln in attention)
     assert lines[-1] == "80 partitions; 72 published"
     # a filtered listing shows the partitions themselves
     listed = list(render_table(year, StatusFilter(failed=True), filtered=True))
