@@ -113,7 +113,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
     """
     v = views(ledger)
     hidden = v.hidden_phases()
-    total, attention = v.attention(MAX_ATTENTION_ROWS)
+    total, attention, _ = v.attention(MAX_ATTENTION_ROWS)
     grid = v.grid()
     held_keys = [partition_key(c.day, c.region) for c in grid if c.held]
     return ReportData(

@@ -14,7 +14,7 @@ they answer in well under a second on a year of 50 regions. At that scale:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, TextIO
 
 from assets.phases import PHASES, TIER_LABELS
@@ -101,19 +101,22 @@ def render_table(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *, filtered
     line counting the dead letters when there are any."""
     v = views(ledger)
     summary = v.summary(flt)
-    yield from _table(v, summary, flt, filtered)
+    counted = yield from _table(v, summary, flt, filtered, dead_letter_after)
     # a dead letter is a FAILED head: with none among all the partitions, there is none to count
     if dead_letter_after is not None and (filtered or summary.with_failure):
-        dead = v.dead_letters(dead_letter_after)
+        dead = counted if counted is not None else len(v.dead_letters(dead_letter_after))
         if dead:
-            yield f"{len(dead)} dead-lettered phase(s) wait for a person: stormlake review"
+            yield f"{dead} dead-lettered phase(s) wait for a person: stormlake review"
 
 
-def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: bool) -> Iterator[str]:
+def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: bool,
+           dead_letter_after: int | None) -> Generator[str, None, int | None]:
+    """The table's lines. Where the attention list is read (over every partition), it also counts
+    the dead letters, and that count is returned (else None)."""
     if summary.partitions == 0:
         yield ("no partitions match the filters" if filtered else
                "no partitions in the ledger yet (run `stormlake demo` or `stormlake backfill`)")
-        return
+        return None
     total_line = f"{summary.partitions} partitions; {summary.by_tier[LAST_TIER]} published" + (
         f"; {summary.held} held for review (stormlake review)" if summary.held else "")
     if filtered or summary.partitions <= FULL_TABLE_MAX:
@@ -125,14 +128,14 @@ def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: 
         if len(rows) < summary.partitions:
             yield f"… {summary.partitions - len(rows)} more (--limit N shows more)"
         yield total_line
-        return
+        return None
     yield "partitions by tier: " + ", ".join(
         f"{t} {TIER_LABELS[t]} {summary.by_tier[t]}" for t in range(LAST_TIER + 1))
     yield (f"with a FAILED phase: {summary.with_failure}; with a PENDING phase: {summary.with_pending}; "
            f"held for review: {summary.held}")
     if summary.by_quality:
         yield "signal quality: " + ", ".join(f"{g} {summary.by_quality.get(g, 0)}" for g in GRADES)
-    n_attention, attention = v.attention(ATTENTION_ROWS, flt)
+    n_attention, attention, dead = v.attention(ATTENTION_ROWS, flt, dead_letter_after=dead_letter_after)
     if n_attention:
         yield ""
         yield f"needing attention: {n_attention} (failed first; the first {len(attention)} shown)"
@@ -144,3 +147,4 @@ def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: 
     yield ""
     yield "list partitions with --regions a,b, --days START..END, --tier N, --failed, --limit N; --json for all"
     yield total_line
+    return dead

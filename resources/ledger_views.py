@@ -20,7 +20,7 @@ import datetime as dt
 import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -132,6 +132,15 @@ class AttentionRow:
     attempts: int | None
     run_id: str | None
     updated_at: dt.datetime | None
+
+
+class Attention(NamedTuple):
+    """The partitions that need attention: how many, the first of them, and (when asked for) how
+    many dead-lettered phases they hold."""
+
+    total: int
+    rows: list[AttentionRow]
+    dead_letters: int | None = None
 
 
 @dataclass(frozen=True)
@@ -326,9 +335,15 @@ class LedgerViews:
                         " s.signal_quality AS quality, s.held FROM {ps} s WHERE {where}", where=self._where(flt))
         return self._rows(query, GridCell, "read the partition grid")
 
-    def attention(self, limit: int, flt: StatusFilter = ALL_PARTITIONS) -> tuple[int, list[AttentionRow]]:
+    def attention(self, limit: int, flt: StatusFilter = ALL_PARTITIONS, *,
+                  dead_letter_after: int | None = None) -> Attention:
         """How many partitions are not at the last tier or have a failure, and the first ``limit`` of
-        them: failed first, then pending, stale, not run; then by tier, day and region."""
+        them: failed first, then pending, stale, not run; then by tier, day and region.
+
+        With ``dead_letter_after``, also how many of their phases are dead letters (FAILED that many
+        times on the same inputs; see :meth:`dead_letters`). A dead letter's partition has failed,
+        so it is among these, and the heads this read has at hand answer it.
+        """
         query = self._q(
             "WITH o AS (SELECT phase, position FROM phase_order),"
             " need AS (SELECT s.partition_key, s.region_id, s.day, s.tier,"
@@ -339,7 +354,7 @@ class LedgerViews:
             "   least(need.tier + 1, (SELECT max(position) FROM o)))) AS phase FROM need),"
             # the heads of those partitions, read once (a person's read goes through a view that
             # cannot be probed by key): the held-at phase's head, and the latest run of any head
-            " heads AS (SELECT x.partition_key, x.phase, x.status, x.attempt, x.error_class, x.error_message,"
+            " heads AS (SELECT x.partition_key, x.phase, x.status, x.attempt, x.failures, x.error_class, x.error_message,"
             "   x.updated_at, x.run_id, row_number() OVER (PARTITION BY x.partition_key"
             "     ORDER BY x.updated_at DESC) AS newest"
             "   FROM {cp} x WHERE x.superseded_at IS NULL AND x.partition_key IN (SELECT partition_key FROM held)),"
@@ -347,12 +362,15 @@ class LedgerViews:
             " SELECT held.partition_key, held.region_id, held.day, held.tier, held.phase, held.failed_phases,"
             "   c.status, c.attempt, c.error_class, c.error_message, c.updated_at,"
             "   coalesce(c.run_id, r.run_id) AS run_id,"
-            "   count(*) OVER () AS total,"
+            "   count(*) OVER () AS total, {dead} AS dead_letters,"
             "   CASE c.status WHEN 'FAILED' THEN 0 WHEN 'PENDING' THEN 1 WHEN 'COMPLETED' THEN 2 ELSE 3 END AS rank"
             " FROM held LEFT JOIN heads c ON c.partition_key = held.partition_key AND c.phase = held.phase"
             "   LEFT JOIN last_run r ON r.partition_key = held.partition_key"
             " ORDER BY rank, held.tier, held.day, held.region_id LIMIT {limit}",
-            where=self._where(flt), limit=sql.Literal(int(limit)))
+            where=self._where(flt), limit=sql.Literal(int(limit)),
+            dead=sql.SQL("NULL::bigint") if dead_letter_after is None else sql.SQL(
+                "(SELECT count(*) FROM heads d WHERE d.status = 'FAILED' AND d.failures >= {})").format(
+                sql.Literal(int(dead_letter_after))))
 
         def q(conn: psycopg.Connection) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
@@ -367,8 +385,10 @@ class LedgerViews:
             error_class=r["error_class"], error_message=r["error_message"], attempts=r["attempt"],
             run_id=r["run_id"], updated_at=r["updated_at"],
         ) for r in rows]
-        total = int(rows[0]["total"]) if rows else 0
-        return total, out
+        if not rows:  # nothing needs attention, so nothing has failed
+            return Attention(0, [], None if dead_letter_after is None else 0)
+        dead = rows[0]["dead_letters"]
+        return Attention(int(rows[0]["total"]), out, None if dead is None else int(dead))
 
     def phase_order(self) -> list[tuple[str, int, str]]:
         """(phase, position, tier label) as the ledger's schema knows them."""

@@ -215,7 +215,7 @@ def test_failed_and_pending_count_only_the_phases_a_role_may_read(published: Led
         assert not rows[KEY].failed and not rows[KEY].pending
         summary = views.summary()
         assert (summary.with_failure, summary.with_pending) == (int("enrich" in sees), int("correlate" in sees))
-        total, attention = views.attention(10)
+        total, attention, _ = views.attention(10)
         assert total == 2  # neither partition is at the last tier, whatever the role sees
         held = {a.partition_key: a for a in attention}
         assert held[enrich_failed].state == ("FAILED" if "enrich" in sees else "not run")

@@ -156,13 +156,14 @@ def year(ledger: Ledger, pg_dsn: str) -> Ledger:
             )
             INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash, idempotency_key, status,
                                      state_hash, schema_version, code_version, first_seq, seq, attempt, tier,
-                                     tier_label, run_id, error_class, error_message, summary)
+                                     tier_label, run_id, error_class, error_message, summary, failures)
             SELECT day || '|' || region_id, region_id, day, o.phase, 'h',
                    encode(sha256(convert_to(day || '|' || region_id || '|' || o.phase || '|h', 'UTF8')), 'hex'),
                    CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'FAILED' ELSE 'COMPLETED' END,
                    's-' || o.phase, 1, '1', 1, 1, 1, o.position, o.tier_label, 'run',
                    CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'GraderError' END,
-                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'risk "out" of range: ±5 °C' END, '{}'
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 'risk "out" of range: ±5 °C' END, '{}',
+                   CASE WHEN (r + d) % 9 = 0 AND o.position = 3 THEN 1 + r % 4 ELSE 0 END
             FROM parts, phase_order o
             WHERE NOT ((r + d) % 9 = 0 AND o.position = 4)
             """
@@ -198,6 +199,22 @@ def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
     empty = io.StringIO()
     assert write_json(year, empty, StatusFilter(regions=("nowhere",))) == 0
     assert json.loads(empty.getvalue()) == {"partitions": []}
+
+
+def test_the_dead_letters_counted_with_the_attention_list_are_the_ones_listed(year: Ledger) -> None:
+    """A large ledger's status counts its dead letters with the attention list's read of the heads;
+    the count is the number of phases review lists, at each limit."""
+    v = views(year)
+    for limit in (1, 2, 3, 4, 5):
+        listed = v.dead_letters(limit)
+        assert v.attention(3, dead_letter_after=limit).dead_letters == len(listed)
+        last = list(render_table(year, dead_letter_after=limit))[-1]
+        if listed:
+            assert last == f"{len(listed)} dead-lettered phase(s) wait for a person: stormlake review", last
+        else:
+            assert "dead-lettered" not in last
+    assert 0 < len(v.dead_letters(3)) < len(v.dead_letters(1))  # some partitions failed fewer times
+    assert v.attention(3).dead_letters is None  # not asked for
 
 
 def test_a_large_ledger_shows_a_summary_and_what_needs_attention(year: Ledger) -> None:
