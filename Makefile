@@ -21,13 +21,16 @@ demo: $(STAMP)
 browser:
 	@bash tests/ensure_browser.sh
 
-# Two workers: most end-to-end tests wait on subprocesses, the daemon and PostgreSQL.
+# Two workers: most end-to-end tests wait on subprocesses, the daemon and PostgreSQL. The long
+# end-to-end tests are collected first (tests/conftest.py) and a worker that runs out of tests
+# takes half of what waits for the other (worksteal), so no long test waits at the end behind
+# another while a worker is idle.
 # The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n 2 --dist worksteal $(PYTEST_ARGS)
 
 test-all: $(STAMP) browser
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline assets resources tests

@@ -19,6 +19,14 @@ from resources.pgserver import with_database
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end tests first, each group in its usual order. They are the long ones (real
+    processes, kills, the daemon): started first, they spread over pytest-xdist's workers, and the
+    many short tests fill in after them, rather than one long test starting last on one worker
+    while the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="session")
 def pg_admin_dsn() -> Iterator[str]:
     """A DSN with the right to create databases: the external server, or an embedded one."""

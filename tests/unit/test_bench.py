@@ -21,7 +21,7 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMLAKE_", "DAGSTER_"))}
     env.update({"STORMLAKE_HOME": str(tmp_path / "home"), "STORMLAKE_PG_DSN": pg_dsn})
     exe = Path(sys.executable).with_name("stormlake")
-    proc = subprocess.Popen([str(exe), "bench", "--json", "--partitions", "2", "--rows-per-partition", "2000",
+    proc = subprocess.Popen([str(exe), "bench", "--json", "--partitions", "2", "--rows-per-partition", "500",
                              "--repeat", "2"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -32,7 +32,7 @@ def test_bench_json_shape(tmp_path: Path, pg_dsn: str) -> None:
     out = json.loads(stdout)
 
     assert set(out) == {"config", "runs", "ratios", "turns", "checkpoint_commit_ms", "samples"}
-    assert out["config"] == {"partitions": 2, "rows_per_partition": 2000, "repeat": 2}
+    assert out["config"] == {"partitions": 2, "rows_per_partition": 500, "repeat": 2}
     assert set(out["runs"]) == {"bare", "pipeline", "rerun", "resume"}
     for name, run in out["runs"].items():
         assert set(run) == RUN_KEYS, name
