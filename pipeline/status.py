@@ -4,7 +4,7 @@ Both read through :class:`resources.ledger_views.LedgerViews`, which aggregates 
 they answer in well under a second on a year of 50 regions. At that scale:
 
 - ``status --json`` still returns every selected partition in the contract's shape; the server
-  builds each partition's JSON and the command streams them, a batch at a time, so output starts
+  builds each partition's JSON and streams them as it goes, a chunk at a time, so output starts
   at once and memory stays flat. Keys inside an object come in PostgreSQL's ``jsonb`` order.
 - ``status`` (the table) lists every partition when there are at most :data:`FULL_TABLE_MAX`;
   beyond that it shows the tier counts and the partitions that need attention (failed first),

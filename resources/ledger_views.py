@@ -6,7 +6,7 @@ every change of a checkpoint or a receipt. So a view costs about the same on a l
 50 regions (18,250 partitions, 73,000 head checkpoints, a quarter of a million events) as on a
 demo's: nothing here walks every checkpoint, in Python or in SQL. The one view that returns every
 partition, the full ``status --json`` dump, is made as JSON text by the server and streamed
-through a server-side cursor, a batch of partitions at a time.
+as the server makes it, a chunk of partitions at a time.
 
 A partition's tier is the number of leading phases (``phase_order``) whose head checkpoint is
 COMPLETED on the current state of every phase it read (``summary.upstream`` contained in the
@@ -31,7 +31,7 @@ from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
 T = TypeVar("T")
 
-#: Rows fetched per round trip when streaming the full status.
+#: Rows a chunk when streaming the full status.
 STREAM_BATCH = 2000
 
 
@@ -285,8 +285,11 @@ class LedgerViews:
         Beyond the contract's keys: ``signal_quality`` (null before present ran), ``held``, and
         ``dead_lettered``, the phases that failed ``dead_letter_after`` times on their inputs.
 
-        A server-side cursor hands them over a batch at a time, so a dump of every partition of a
-        year starts at once and holds one batch in memory. The caller must exhaust the iterator.
+        The rows are streamed (libpq's chunked rows, :data:`STREAM_BATCH` at a time; one at a time
+        with a libpq older than 17): a dump of every partition of a year starts at once, holds one
+        chunk in memory, and the server makes the next rows while this process writes the last
+        ones (a server-side cursor would make each batch only when asked for it). An iterator
+        closed early cancels the query.
 
         The object is written as text around the entries' own text, its keys in the order
         ``jsonb`` gives them (by length, then bytes), as a ``jsonb`` object of these values would
@@ -302,11 +305,9 @@ class LedgerViews:
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
                         after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
         uses = self._take_uses()
-        with self.ledger.connection() as conn, conn.transaction(), conn.cursor(name="stormlake_status") as cur:
+        with self.ledger.connection() as conn, conn.transaction(), conn.cursor() as cur:
             self._use(conn, uses)
-            cur.itersize = STREAM_BATCH
-            cur.execute(query)
-            for (text,) in cur:
+            for (text,) in cur.stream(query, size=STREAM_BATCH if psycopg.pq.version() >= 170000 else 1):
                 yield text
 
     def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:

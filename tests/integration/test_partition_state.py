@@ -196,6 +196,12 @@ def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
                                (texts,)).fetchall()
     assert [p for (p,) in printed] == texts
     assert any('risk \\"out\\" of range: ±5 °C' in t for t in texts)
+    # A reader that stops early (a closed pipe) cancels the query; the ledger's connections serve on.
+    for _ in range(5):  # more than the pool's connections
+        stream = views(year).stream_status_json(StatusFilter())
+        assert next(stream) == texts[0]
+        stream.close()
+    assert list(views(year).stream_status_json(StatusFilter(limit=2))) == texts[:2]
     empty = io.StringIO()
     assert write_json(year, empty, StatusFilter(regions=("nowhere",))) == 0
     assert json.loads(empty.getvalue()) == {"partitions": []}
