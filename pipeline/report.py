@@ -30,6 +30,7 @@ from resources.ledger_views import (
     AttentionRow,
     EventRow,
     GridCell,
+    LedgerViews,
     PhaseCount,
     PhaseDurations,
     ReceiptCounts,
@@ -42,6 +43,8 @@ from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 PHASE_NAMES = tuple(p.name for p in PHASES)
 LAST_TIER = len(PHASES)
 PICTURE_DPI = 100
+#: Threads reading the ledger for the report at once (the ledger's pool holds four connections).
+READ_THREADS = 3
 TIER_COLORS = {0: "#bdbdbd", 1: "#d9f0d3", 2: "#a6dba0", 3: "#5aae61", 4: "#1b7837"}
 TIER_TEXT = {0: "#222", 1: "#222", 2: "#222", 3: "#fff", 4: "#fff"}
 STATUS_COLORS = {"COMPLETED": "#41ab5d", "PENDING": "#f4a331", "FAILED": "#d7191c", "NONE": "#e6e6e6"}
@@ -109,30 +112,52 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
     """Everything the page shows, read from the ledger's views (a dozen aggregate queries).
 
     The grid (one small row a partition) is read once; the headline counts and the per-region
-    table are counted from it rather than read again.
+    table are counted from it rather than read again. The reads are independent, so they run on
+    :data:`READ_THREADS` threads, each on a connection of the ledger's pool, and the server
+    answers several at once (on a year's ledger they took 1.1 s one after the other). A person's
+    reads share one logged request of each kind.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     v = views(ledger)
     hidden = v.hidden_phases()
-    total, attention, _ = v.attention(MAX_ATTENTION_ROWS)
-    grid = v.grid()
-    held_keys = [partition_key(c.day, c.region) for c in grid if c.held]
+    v.open_reads()
+    reads: dict[str, Callable[[LedgerViews], Any]] = {  # the longest first
+        "durations": lambda w: w.durations(),
+        "grid": lambda w: w.grid(),
+        "dead_letters": lambda w: w.dead_letters(dead_letter_after),
+        "recent_events": lambda w: w.recent_events(MAX_EVENT_ROWS),
+        "attention": lambda w: w.attention(MAX_ATTENTION_ROWS),
+        "phase_counts": lambda w: w.phase_counts(stale_after=STALE_PENDING),
+        "event_counts": lambda w: w.event_counts(),
+        "revisions": lambda w: w.latest_receipts(MAX_REVISION_ROWS),
+        "receipt_counts": lambda w: w.receipt_counts(),
+        "last_delivery_at": lambda w: w.last_delivery_at(),
+    }
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="report-read") as pool:
+        pending = {name: pool.submit(read, v.sibling()) for name, read in reads.items()}
+        grid = pending["grid"].result()
+        held_keys = [partition_key(c.day, c.region) for c in grid if c.held]
+        held = v.held(held_keys) if held_keys else []
+        got = {name: f.result() for name, f in pending.items()}
+    total, attention, _ = got["attention"]
     return ReportData(
         now=dt.datetime.now(dt.UTC),
         summary=_counts(grid),
         grid=grid,
-        phase_counts=v.phase_counts(stale_after=STALE_PENDING),
+        phase_counts=got["phase_counts"],
         attention_total=total,
         attention=attention,
         regions=[_counts(cells, region=r) for r, cells in sorted(_by_region(grid).items())],
         region_names=_region_names(),
-        event_counts=v.event_counts(),
-        durations=v.durations(),
-        receipt_counts=v.receipt_counts(),
-        revisions=v.latest_receipts(MAX_REVISION_ROWS),
-        recent_events=v.recent_events(MAX_EVENT_ROWS),
-        last_delivery_at=v.last_delivery_at(),
-        held=v.held(held_keys) if held_keys else [],
-        dead_letters=v.dead_letters(dead_letter_after),
+        event_counts=got["event_counts"],
+        durations=got["durations"],
+        receipt_counts=got["receipt_counts"],
+        revisions=got["revisions"],
+        recent_events=got["recent_events"],
+        last_delivery_at=got["last_delivery_at"],
+        held=held,
+        dead_letters=got["dead_letters"],
         dead_letter_after=dead_letter_after,
         hidden_phases=hidden,
     )

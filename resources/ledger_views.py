@@ -210,6 +210,21 @@ class LedgerViews:
                 parts[name] = sql.Identifier(table)
         return sql.SQL(text).format(**parts)
 
+    def open_reads(self) -> None:
+        """For an audited ledger, open the read request of every kind now (once each), so that the
+        readers made by :meth:`sibling` share them rather than each opening its own."""
+        if self.ledger.audited:
+            for _, what in self.SOURCES.values():
+                if what not in self._requests:
+                    self._requests[what] = self.ledger.open_read(what)
+
+    def sibling(self) -> LedgerViews:
+        """A reader of the same ledger for another thread (one object is not shared between
+        threads), going through this one's read requests."""
+        other = LedgerViews(self.ledger)
+        other._requests = self._requests
+        return other
+
     def _read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
         """Run the read ``fn(conn)``: for a person's read in one transaction that first names the
         requests its queries read through (``ledger_read.use``)."""

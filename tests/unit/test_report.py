@@ -224,6 +224,11 @@ def test_report_maps_quality_lists_what_waits_and_says_what_a_role_may_not_see(p
     assert "may not see the ingest, enrich, correlate phases" in page
     assert "QualityGateError" not in page  # enrich's errors are not the auditor's to see
     assert "1 held for review" in page
+    # The report's reads run on several threads and go through one logged request of each kind.
+    with psycopg.connect(populated.dsn) as conn:
+        requests = conn.execute("SELECT what, count(DISTINCT request_id) FROM checkpoint_access_log"
+                                " WHERE role = 'compliance_auditor' GROUP BY what ORDER BY what").fetchall()
+    assert requests == [("checkpoints", 1), ("events", 1), ("partitions", 1), ("receipts", 1)]
 
 
 def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
