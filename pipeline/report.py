@@ -12,6 +12,7 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -398,7 +399,8 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
     constrained layout (which measured every tick label of the figure on each of its passes, about
     half of a year's report): the margins are the measured extents of the y axis, the x axis, the
     title and the widest legend. A map's pixels depend only on the maps asked for, never on what was
-    drawn before.
+    drawn before. The second map is drawn by a fork (:func:`drawn_aside`) while this process draws
+    the first.
     """
     from assets.transforms.render import draw_over, new_figure
 
@@ -431,19 +433,27 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
     background = canvas.copy_from_bbox(fig.bbox)
     for spine in spines:
         spine.set_visible(True)
-    pngs = []
-    for m, leg in zip(maps, legends, strict=True):
+
+    def draw(m: GridMap, leg: Any) -> bytes:  # noqa: ANN401 - a Legend
         cells, marks = _cell_artists(ax, m.grid, width, height, m.colors)
         try:
             title = ax.set_title(m.title, loc="left", fontsize=11, y=1.0)
             leg.set_visible(True)
-            pngs.append(draw_over(canvas, background, [(ax, [*cells, *spines, *marks, title]), (fig, [leg])]))
+            return draw_over(canvas, background, [(ax, [*cells, *spines, *marks, title]), (fig, [leg])])
         finally:
             leg.set_visible(False)
             ax.set_title("", loc="left")
             for artist in [*cells, *marks]:
                 artist.remove()
-    return pngs
+
+    # The maps after the first are drawn by forks of this process, the template drawn, on the
+    # other core; each starts from the template alone, as the first does here.
+    others = [drawn_aside(functools.partial(draw, m, leg)) for m, leg in zip(maps[1:], legends[1:], strict=True)]
+    try:
+        first = draw(maps[0], legends[0])
+    finally:
+        rest = [wait() for wait in others]  # the children are waited for even when this one failed
+    return [first, *rest]
 
 
 def heat_map(data: ReportData) -> GridMap:
