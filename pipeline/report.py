@@ -11,6 +11,7 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import os
@@ -451,9 +452,10 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
     others = [drawn_aside(functools.partial(draw, m, leg)) for m, leg in zip(maps[1:], legends[1:], strict=True)]
     try:
         first = draw(maps[0], legends[0])
-    finally:
-        rest = [wait() for wait in others]  # the children are waited for even when this one failed
-    return [first, *rest]
+    except BaseException:
+        _waited(others, failing=True)
+        raise
+    return [first, *_waited(others, failing=False)]
 
 
 def heat_map(data: ReportData) -> GridMap:
@@ -693,13 +695,17 @@ def drawn_aside(draw: Callable[[], bytes]) -> Callable[[], bytes]:
     The report's pictures take a core each for a few hundred milliseconds on a year's ledger; a
     fork of this process (the drawing libraries already imported, the data already read) draws one
     on the other core. The child draws, writes the bytes to a pipe and leaves with ``os._exit``
-    (it touches neither the ledger's connections nor anything else of this process). Where fork is
-    not available, or the child does not deliver, the picture is drawn here instead: the same
-    bytes, since a drawing depends only on its data.
+    (it touches neither the ledger's connections nor anything else of this process; a failure of
+    its own is printed on stderr). Where fork or a pipe is not available, or the child does not
+    deliver, the picture is drawn here instead: the same bytes, since a drawing depends only on
+    its data.
     """
     if not hasattr(os, "fork"):
         return draw
-    r, w = os.pipe()
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return draw
     try:
         pid = os.fork()
     except OSError:
@@ -714,6 +720,10 @@ def drawn_aside(draw: Callable[[], bytes]) -> Callable[[], bytes]:
             with os.fdopen(w, "wb") as out:
                 out.write(png)
             code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(code)
     os.close(w)
@@ -721,10 +731,25 @@ def drawn_aside(draw: Callable[[], bytes]) -> Callable[[], bytes]:
     def result() -> bytes:
         with os.fdopen(r, "rb") as pipe:
             png = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        return png if os.waitstatus_to_exitcode(status) == 0 else draw()
+        try:
+            _, status = os.waitpid(pid, 0)
+            delivered = os.waitstatus_to_exitcode(status) == 0
+        except ChildProcessError:  # reaped already (SIGCHLD ignored): trust a whole PNG only
+            delivered = png.startswith(b"\x89PNG") and png.endswith(b"IEND\xaeB`\x82")
+        return png if delivered else draw()
 
     return result
+
+
+def _waited(waits: list[Callable[[], bytes]], failing: bool) -> list[bytes]:
+    """The bytes of each of ``waits``; when this process is already failing, every child is still
+    waited for, but an error of theirs does not hide the one on its way."""
+    if not failing:
+        return [wait() for wait in waits]
+    for wait in waits:
+        with contextlib.suppress(Exception):
+            wait()
+    return []
 
 
 def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
@@ -745,8 +770,10 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAUL
     phases = drawn_aside(lambda: phases_png(data))  # on the other core while the maps are drawn here
     try:
         heat, *quality = grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])])
-    finally:
-        phases_picture = phases()  # the child is waited for even when the maps failed
+    except BaseException:
+        _waited([phases], failing=True)
+        raise
+    [phases_picture] = _waited([phases], failing=False)
     images = {"heatmap.png": heat, "phases.png": phases_picture}
     if quality:
         images["quality.png"] = quality[0]

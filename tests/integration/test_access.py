@@ -204,6 +204,10 @@ def test_failed_and_pending_count_only_the_phases_a_role_may_read(published: Led
                           error_message="enrich broke", run_id="r")
     _through(published, correlate_pending, ["ingest", "enrich"])
     _claim(published, correlate_pending, "correlate")
+    both_failed = "2026-09-04|gulf_coast"  # ingest and correlate: which one a role is told of
+    for phase in ("ingest", "correlate"):
+        assert published.fail(_claim(published, both_failed, phase), error_class="BadInput",
+                              error_message=f"{phase} broke", run_id="r")
 
     reader = Ledger(published.dsn, role=role, audited=role != PIPELINE_ROLE)
     try:
@@ -213,14 +217,29 @@ def test_failed_and_pending_count_only_the_phases_a_role_may_read(published: Led
         assert (rows[enrich_failed].failed, rows[enrich_failed].pending) == ("enrich" in sees, False)
         assert (rows[correlate_pending].failed, rows[correlate_pending].pending) == (False, "correlate" in sees)
         assert not rows[KEY].failed and not rows[KEY].pending
+        failing = [p for p in ("ingest", "correlate") if p in sees]
+        assert rows[both_failed].failed == bool(failing) and not rows[both_failed].pending
         summary = views.summary()
-        assert (summary.with_failure, summary.with_pending) == (int("enrich" in sees), int("correlate" in sees))
+        assert (summary.with_failure, summary.with_pending) == (
+            int("enrich" in sees) + int(bool(failing)), int("correlate" in sees))
         total, attention, _ = views.attention(10)
-        assert total == 2  # neither partition is at the last tier, whatever the role sees
+        assert total == 3  # no partition is at the last tier, whatever the role sees
         held = {a.partition_key: a for a in attention}
         assert held[enrich_failed].state == ("FAILED" if "enrich" in sees else "not run")
         assert held[enrich_failed].phase == "enrich" and held[enrich_failed].also_failed == []
         assert held[correlate_pending].state == ("PENDING" if "correlate" in sees else "not run")
+        # Held at the first failed phase the role may read, the others it may read listed beside.
+        assert (held[both_failed].phase, held[both_failed].also_failed) == (
+            (failing[0], failing[1:]) if failing else ("ingest", []))
+        if not reader.audited:
+            return
+        with as_role(published.dsn, role) as conn:
+            request = conn.execute("SELECT ledger_read.open('partitions')").fetchone()[0]
+            with conn.transaction():
+                conn.execute("SELECT ledger_read.use(%s)", (request,))
+                [(failed_phases,)] = conn.execute("SELECT failed_phases FROM ledger_read.partitions"
+                                                  " WHERE partition_key = %s", (both_failed,)).fetchall()
+        assert sorted(failed_phases) == sorted(failing)
     finally:
         reader.close()
 

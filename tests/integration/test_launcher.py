@@ -125,7 +125,6 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
     sleeper = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
                                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                                 "print('ready', flush=True)\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
-    assert sleeper.stdout is not None and sleeper.stdout.readline() == "ready\n"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
 
@@ -134,6 +133,7 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
                                               status=dg.DagsterRunStatus.STARTED))
 
     try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == "ready\n"
         alive = run({PID_TAG: str(sleeper.pid), HOST_TAG: here})
         gone = run({PID_TAG: str(dead.pid), HOST_TAG: here})
         elsewhere = run({PID_TAG: str(sleeper.pid), HOST_TAG: here + "-other"})

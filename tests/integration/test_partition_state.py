@@ -13,6 +13,7 @@ import pytest
 
 from assets.phases import PHASES, TIER_LABELS
 from pipeline.status import partition_status, render_table, views, write_json
+from resources import ledger_views
 from resources.ledger import Checkpoint, Ledger
 from resources.ledger_views import StatusFilter
 
@@ -184,7 +185,7 @@ def test_filters_select_what_they_say(year: Ledger) -> None:
     assert partition_status(year, StatusFilter(limit=3)) == everything[:3]
 
 
-def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
+def test_json_is_streamed_in_the_contracts_shape(year: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     buf = io.StringIO()
     n = write_json(year, buf, StatusFilter())
     doc = json.loads(buf.getvalue())
@@ -197,6 +198,7 @@ def test_json_is_streamed_in_the_contracts_shape(year: Ledger) -> None:
     assert [p for (p,) in printed] == texts
     assert any('risk \\"out\\" of range: ±5 °C' in t for t in texts)
     # A reader that stops early (a closed pipe) cancels the query; the ledger's connections serve on.
+    monkeypatch.setattr(ledger_views, "STREAM_BATCH", 7)  # so the query is still running when it stops
     for _ in range(5):  # more than the pool's connections
         stream = views(year).stream_status_json(StatusFilter())
         assert next(stream) == texts[0]

@@ -248,6 +248,23 @@ def test_pictures_depend_only_on_the_ledger(populated: Ledger) -> None:
     assert phases_png(data) == first["phases.png"]  # drawn here, and in the report by a forked process
 
 
+def test_pictures_drawn_by_forks_are_those_drawn_without(populated: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report draws the phases picture and the second map in forks of its process; without
+    fork every picture is drawn in the process, and each is the same."""
+    import os
+
+    key = "2026-09-01|red_hills"  # a graded batch, so the report draws the quality map too
+    for phase in ("ingest", "enrich", "correlate", "present"):
+        p = next(p for p in PHASES if p.name == phase)
+        summary: dict = {"upstream": {}, **({"figures": {"quality": {"grade": "low"}}} if phase == "present" else {})}
+        populated.complete(_claim(populated, key, phase, "run-q"), state_hash=f"s-{key}-{phase}", summary=summary,
+                           tier=p.tier, tier_label=p.tier_label, run_id="run-q")
+    _, forked = render_report_with_images(populated)
+    monkeypatch.delattr(os, "fork")
+    _, here = render_report_with_images(populated)
+    assert set(forked) == {"heatmap.png", "phases.png", "quality.png"} and forked == here
+
+
 def test_a_picture_drawn_aside_is_the_one_drawn_here_and_a_child_that_fails_is_made_up_for() -> None:
     """drawn_aside hands back the child's bytes (more than a pipe holds, read after the child has
     finished); where the child does not deliver, the picture is drawn in this process instead."""
