@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
@@ -41,6 +41,8 @@ from resources.ledger_views import (
     StatusSummary,
 )
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
+
+T = TypeVar("T")
 
 PHASE_NAMES = tuple(p.name for p in PHASES)
 LAST_TIER = len(PHASES)
@@ -122,7 +124,6 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
     from concurrent.futures import ThreadPoolExecutor
 
     v = views(ledger)
-    hidden = v.hidden_phases()
     v.open_reads()
     reads: dict[str, Callable[[LedgerViews], Any]] = {  # the longest first
         "durations": lambda w: w.durations(),
@@ -135,6 +136,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         "revisions": lambda w: w.latest_receipts(MAX_REVISION_ROWS),
         "receipt_counts": lambda w: w.receipt_counts(),
         "last_delivery_at": lambda w: w.last_delivery_at(),
+        "hidden_phases": lambda w: w.hidden_phases(),
     }
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="report-read") as pool:
         pending = {name: pool.submit(read, v.sibling()) for name, read in reads.items()}
@@ -161,7 +163,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         held=held,
         dead_letters=got["dead_letters"],
         dead_letter_after=dead_letter_after,
-        hidden_phases=hidden,
+        hidden_phases=got["hidden_phases"],
     )
 
 
@@ -450,12 +452,8 @@ def grid_pngs(maps: list[GridMap]) -> list[bytes]:
     # The maps after the first are drawn by forks of this process, the template drawn, on the
     # other core; each starts from the template alone, as the first does here.
     others = [drawn_aside(functools.partial(draw, m, leg)) for m, leg in zip(maps[1:], legends[1:], strict=True)]
-    try:
-        first = draw(maps[0], legends[0])
-    except BaseException:
-        _waited(others, failing=True)
-        raise
-    return [first, *_waited(others, failing=False)]
+    first, rest = _alongside(lambda: draw(maps[0], legends[0]), others)
+    return [first, *rest]
 
 
 def heat_map(data: ReportData) -> GridMap:
@@ -741,15 +739,18 @@ def drawn_aside(draw: Callable[[], bytes]) -> Callable[[], bytes]:
     return result
 
 
-def _waited(waits: list[Callable[[], bytes]], failing: bool) -> list[bytes]:
-    """The bytes of each of ``waits``; when this process is already failing, every child is still
-    waited for, but an error of theirs does not hide the one on its way."""
-    if not failing:
-        return [wait() for wait in waits]
-    for wait in waits:
-        with contextlib.suppress(Exception):
-            wait()
-    return []
+def _alongside(here: Callable[[], T], aside: list[Callable[[], bytes]]) -> tuple[T, list[bytes]]:
+    """``here()`` in this process while the drawings of ``aside`` (:func:`drawn_aside`) go on, then
+    their bytes. When ``here`` fails, they are still waited for, and an error of theirs does not
+    hide the one on its way."""
+    try:
+        mine = here()
+    except BaseException:
+        for wait in aside:
+            with contextlib.suppress(Exception):
+                wait()
+        raise
+    return mine, [wait() for wait in aside]
 
 
 def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
@@ -768,12 +769,8 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAUL
     if not data.summary.partitions:
         return render_page(data, {}, role=role), {}
     phases = drawn_aside(lambda: phases_png(data))  # on the other core while the maps are drawn here
-    try:
-        heat, *quality = grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])])
-    except BaseException:
-        _waited([phases], failing=True)
-        raise
-    [phases_picture] = _waited([phases], failing=False)
+    (heat, *quality), [phases_picture] = _alongside(
+        lambda: grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])]), [phases])
     images = {"heatmap.png": heat, "phases.png": phases_picture}
     if quality:
         images["quality.png"] = quality[0]

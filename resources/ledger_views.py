@@ -202,21 +202,24 @@ class LedgerViews:
         for name in names & set(self.SOURCES):
             table, what = self.SOURCES[name]
             if self.ledger.audited:
-                if what not in self._requests:
-                    self._requests[what] = self.ledger.open_read(what)
-                self._uses.append(self._requests[what])
+                self._uses.append(self._request(what))
                 parts[name] = sql.Identifier("ledger_read", what)
             else:
                 parts[name] = sql.Identifier(table)
         return sql.SQL(text).format(**parts)
+
+    def _request(self, what: str) -> int:
+        """The logged read request of kind ``what``, opened (and committed) on its first use."""
+        if what not in self._requests:
+            self._requests[what] = self.ledger.open_read(what)
+        return self._requests[what]
 
     def open_reads(self) -> None:
         """For an audited ledger, open the read request of every kind now (once each), so that the
         readers made by :meth:`sibling` share them rather than each opening its own."""
         if self.ledger.audited:
             for _, what in self.SOURCES.values():
-                if what not in self._requests:
-                    self._requests[what] = self.ledger.open_read(what)
+                self._request(what)
 
     def sibling(self) -> LedgerViews:
         """A reader of the same ledger for another thread (one object is not shared between
