@@ -253,3 +253,33 @@ def test_the_reports_counts_from_the_grid_equal_the_views_counts(year: Ledger) -
         counted = _counts(cells, region=region)
         as_summary = StatusSummary(**{f.name: getattr(counted, f.name) for f in dataclasses.fields(StatusSummary)})
         assert as_summary == v.summary(StatusFilter(regions=(region,)))
+
+
+def test_the_status_command_takes_its_filters(year: Ledger, tmp_path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`stormlake status` passes --regions, --days START..END, --tier, --failed and --limit to the
+    views; a bad value is one line naming the option, and nothing is read."""
+    from pipeline.cli import main
+
+    monkeypatch.setenv("STORMLAKE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("STORMLAKE_PG_DSN", year.dsn)
+
+    def status(*args: str) -> list[dict[str, Any]]:
+        assert main(["status", "--json", "--role", "admin", *args]) == 0
+        return json.loads(capsys.readouterr().out)["partitions"]
+
+    window = status("--regions", "r2,r3", "--days", "2026-09-05..2026-09-07")
+    assert [(p["day"], p["region"]) for p in window] == [(f"2026-09-0{d}", r) for d in (5, 6, 7) for r in ("r2", "r3")]
+    failed = status("--failed")
+    assert failed and all(any(e["status"] == "FAILED" for e in p["phases"].values()) for p in failed)
+    assert status("--failed", "--limit", "2") == failed[:2]
+    assert {p["tier"] for p in status("--tier", "4")} == {4}
+    tier2 = len(status("--tier", "2"))
+    assert main(["status", "--role", "admin", "--tier", "2", "--limit", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in lines if ln.startswith("2026-")]) == 3
+    assert f"… {tier2 - 3} more (--limit N shows more)" in lines and f"{tier2} partitions; 0 published" in lines
+    for bad, option in ((("--tier", "9"), "--tier"), (("--regions", "R-2"), "--regions"), (("--limit", "-1"), "--limit")):
+        assert main(["status", *bad]) == 2, bad
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and option in err, err
