@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -147,3 +148,75 @@ def test_a_column_of_a_newer_schema_version_is_added_to_the_stored_table(tmp_pat
         "pressure_hpa").null_count == 5
     assert new.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=v2.version).column(
         "pressure_hpa").to_pylist() == [1000.0, 999.0, 998.0, 997.0]
+
+
+def _snapshot_rows(lk: Lake, table: str, version: int) -> int:
+    """The reference count: deltalake's own dataset at that version, read whole."""
+    return lk.table(table, version).to_pyarrow_dataset().count_rows()
+
+
+def test_the_row_count_follows_the_log_and_equals_the_tables_rows_at_every_version(tmp_path: Path) -> None:
+    """Counts moved forward commit by commit (overwrites, a column added by a newer schema, a
+    table written by another process) equal the rows of the table at each version, and so do
+    counts asked again for earlier versions (a skip) or by a process that counts later."""
+    root = str(tmp_path / "lake")
+    old_schema = pa.schema([f for f in SCHEMA if f.name != "pressure_hpa"])
+    old = Lake(root, {**SCHEMAS, "weather_raw": old_schema}, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    lk = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    other = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    versions = []
+    writes = [(old, "pine_belt", 5), (old, "red_hills", 7), (lk, "gulf_coast", 50), (other, "pine_belt", 3),
+              (lk, "gulf_coast", 40), (other, "gulf_coast", 2)]
+    for seq, (writer, region, n) in enumerate(writes, 1):
+        schema = writer.schemas["weather_raw"]
+        data = _rows(region, "2026-09-01", n, 1.0).select(schema.names).cast(schema)
+        versions.append(writer.overwrite_partition("weather_raw", region, "2026-09-01", data, seq=seq, first_seq=seq).version)
+        assert lk.row_count("weather_raw", versions[-1]) == _snapshot_rows(lk, "weather_raw", versions[-1])
+    every = range(0, versions[-1] + 1)  # the column added by lk's first write is a commit of its own
+    assert [lk.row_count("weather_raw", v) for v in every] == [_snapshot_rows(lk, "weather_raw", v) for v in every]
+    assert lk.row_count("weather_raw", versions[-1]) == 3 + 7 + 2  # pine_belt and gulf_coast overwritten
+    fresh = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    assert fresh.row_count("weather_raw", versions[2]) == 5 + 7 + 50
+
+
+def test_a_commit_without_file_statistics_gives_no_row_count(lk: Lake) -> None:
+    """An add action without ``numRecords`` (a writer that keeps no statistics) leaves the count
+    unknown, as counting only the other files would give a short one."""
+    first = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 9, 1.0),
+                                   seq=1, first_seq=1)
+    assert lk.row_count("weather_raw", first.version) == 9
+    second = lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 4, 1.0),
+                                    seq=2, first_seq=2)
+    commit = Path(lk.uri("weather_raw")) / "_delta_log" / f"{second.version:020d}.json"
+    lines = commit.read_text().splitlines()
+    stripped = []
+    for line in lines:
+        action = json.loads(line)
+        if "add" in action:
+            action["add"].pop("stats", None)
+        stripped.append(json.dumps(action))
+    commit.write_text("\n".join(stripped) + "\n")
+    assert lk.row_count("weather_raw", second.version) is None
+    again = Lake(lk.root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    assert again.row_count("weather_raw", second.version) is None
+    assert again.row_count("weather_raw", first.version) == 9
+
+
+def test_a_write_handle_sees_another_processs_commits_before_it_writes(tmp_path: Path) -> None:
+    """Two writers of one table, each keeping its handle: every write lands on the latest version,
+    with the other's partitions intact, and a handle with nothing new is not reloaded."""
+    root = str(tmp_path / "lake")
+    a = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    b = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    w1 = a.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 6, 1.0),
+                               seq=1, first_seq=1)
+    w2 = b.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 4, 1.0),
+                               seq=2, first_seq=2)
+    w3 = a.overwrite_partition("weather_raw", "red_hills", "2026-09-01", _rows("red_hills", "2026-09-01", 3, 1.0),
+                               seq=3, first_seq=3)
+    assert w1.version < w2.version < w3.version == latest_version(a, "weather_raw")
+    handle = a._write_handles[a.uri("weather_raw")]
+    assert handle.version() == w3.version
+    assert a.read_partition("weather_raw", "pine_belt", "2026-09-01", version=w3.version).num_rows == 4
+    assert _snapshot_rows(a, "weather_raw", w3.version) == 6 + 4 + 3
+    assert a._latest("weather_raw") is handle and handle.version() == w3.version  # nothing new: kept as it is
