@@ -410,16 +410,22 @@ class Lake:
             return None
 
     def _snapshot_counts(self, uri: str, version: int) -> dict[str, int]:
-        """Rows of each live data file of the table at ``version``, from its snapshot's add actions.
+        """Rows of each live data file of the table at ``version``, from its snapshot's add actions:
+        the write handle's when it stands at that version (a run of one partition counts the
+        version it has just written without loading the table again).
 
         Raises:
             _Uncounted: a file was written without statistics (the count would be short).
         """
-        dt = self._count_handles.get(uri)
-        if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
-            dt = self._count_handles[uri] = DeltaTable(uri, version=version)
-        elif dt.version() < version:
-            dt.load_as_version(version)
+        written = self._write_handles.get(uri)
+        if written is not None and written.version() == version:  # this process's own last commit
+            dt = written
+        else:
+            dt = self._count_handles.get(uri)
+            if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
+                dt = self._count_handles[uri] = DeltaTable(uri, version=version)
+            elif dt.version() < version:
+                dt.load_as_version(version)
         actions = pa.table(dt.get_add_actions(flatten=True))
         counts = actions.column("num_records")
         if counts.null_count:

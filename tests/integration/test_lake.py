@@ -180,13 +180,14 @@ def test_the_row_count_follows_the_log_and_equals_the_tables_rows_at_every_versi
 
 
 def test_a_commit_without_file_statistics_gives_no_row_count(lk: Lake) -> None:
-    """An add action without ``numRecords`` (a writer that keeps no statistics) leaves the count
-    unknown, as counting only the other files would give a short one."""
+    """An add action without ``numRecords`` (another writer that keeps no statistics) leaves the
+    count unknown, as counting only the other files would give a short one."""
     first = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 9, 1.0),
                                    seq=1, first_seq=1)
     assert lk.row_count("weather_raw", first.version) == 9
-    second = lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 4, 1.0),
-                                    seq=2, first_seq=2)
+    other = Lake(lk.root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())  # the other writer
+    second = other.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 4, 1.0),
+                                       seq=2, first_seq=2)
     commit = Path(lk.uri("weather_raw")) / "_delta_log" / f"{second.version:020d}.json"
     lines = commit.read_text().splitlines()
     stripped = []
