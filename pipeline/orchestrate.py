@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -26,6 +27,9 @@ from resources import dagster_compat
 from resources.errors import LedgerUnavailable
 from resources.keys import split_partition_key
 from resources.ledger import Checkpoint, Ledger
+
+if TYPE_CHECKING:
+    from resources.landing import Landing
 
 # The phase of each table asset; a step is named after its phase's op (``OP_PHASE``).
 ASSET_PHASE = dict(TABLE_PHASE)
@@ -136,7 +140,46 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
     return reaped
 
 
+#: Partitions a key range run holds at most, whatever their size...
 MAX_PARTITIONS_PER_RUN = 8
+#: ... and small ones, as many as ``RUN_LANDING_BYTES`` of landing files, up to this many: Dagster
+#: costs about 0.4 s a run (its creation, planned and step events), a partition of 500 rows
+#: about half a second of phase work.
+MAX_SMALL_PARTITIONS_PER_RUN = 64
+RUN_LANDING_BYTES = 64 * 1024 * 1024
+#: Partitions whose landing folders are measured to size the runs (spread over the selection).
+SIZE_SAMPLE = 32
+
+
+def partitions_per_run(keys: list[str], landing: Landing) -> int:
+    """How many partitions one key range run may hold: :data:`MAX_PARTITIONS_PER_RUN`, or more for
+    small partitions, as many as :data:`RUN_LANDING_BYTES` of landing files would be at the median
+    partition's size (of up to :data:`SIZE_SAMPLE` spread over ``keys``), at most
+    :data:`MAX_SMALL_PARTITIONS_PER_RUN`.
+
+    Example: partitions of 500 outage rows (about 110 kB of landing files) take 64 a run, of
+    20,000 rows (2.4 MB) 26, of 200,000 rows (23 MB) 8.
+    """
+    if not keys:
+        return MAX_PARTITIONS_PER_RUN
+    step = max(1, len(keys) // SIZE_SAMPLE)
+    sizes = sorted(_landing_bytes(landing, key) for key in keys[::step][:SIZE_SAMPLE])
+    fit = RUN_LANDING_BYTES // max(1, sizes[len(sizes) // 2])
+    return int(max(MAX_PARTITIONS_PER_RUN, min(MAX_SMALL_PARTITIONS_PER_RUN, fit)))
+
+
+def _landing_bytes(landing: Landing, key: str) -> int:
+    """Bytes of the partition's own landing files (not the region's reference files, which every
+    partition of the region shares)."""
+    from resources.landing_layout import PARTITION_FILES
+
+    day, region_id = split_partition_key(key)
+    folder = landing.partition_dir(region_id, day)
+    total = 0
+    for name in PARTITION_FILES:
+        with contextlib.suppress(OSError):
+            total += (folder / name).stat().st_size
+    return total
 RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
 
 
@@ -154,9 +197,10 @@ def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[
     return min(range_groupings(keys, order, max_size), key=len)
 
 
-def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[list[list[str]], list[list[str]]]:
-    """The two ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each
-    range a day's neighbouring regions, and by region, each range a region's consecutive days."""
+def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[list[list[str]], ...]:
+    """The three ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each
+    range a day's neighbouring regions; by region, each range a region's consecutive days; and
+    rectangles, each range the same neighbouring regions on consecutive days."""
     pos = {k: i for i, k in enumerate(order)}
     region_rank: dict[str, int] = {}
     for key in order:
@@ -170,7 +214,8 @@ def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[l
 
     by_day = _runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size)
     by_region = _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)
-    return ordered(by_day), ordered(by_region)
+    rectangles = _rectangles(parts, region_rank, max_size=max_size)
+    return ordered(by_day), ordered(by_region), ordered([sorted(g, key=pos.__getitem__) for g in rectangles])
 
 
 def _runs(parts: list[tuple[str, str, str]], *, along, max_size: int) -> list[list[str]]:  # noqa: ANN001
@@ -184,11 +229,58 @@ def _runs(parts: list[tuple[str, str, str]], *, along, max_size: int) -> list[li
             runs.append([])
         runs[-1].append(key)
         last = (line, place)
+    return [part for run in runs for part in _cut(run, max_size)]
+
+
+def _cut(items: list, max_size: int) -> list[list]:
+    """``items`` in consecutive parts of at most ``max_size``, as equal as possible."""
+    n = -(-len(items) // max(1, max_size))
+    cuts = [round(i * len(items) / n) for i in range(n + 1)]
+    return [items[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def _rectangles(parts: list[tuple[str, str, str]], region_rank: dict[str, int], *, max_size: int) -> list[list[str]]:
+    """Keys in rectangles: each day's keys in runs of neighbouring regions, and a run continued
+    over the following days that have the same one. A rectangle of more than ``max_size`` keys
+    is cut into bands of whole days, or, when one day's run alone is longer, into parts of each
+    day's run.
+
+    A backfill of every region over a span of days is one rectangle, where cutting by day or by
+    region makes a run per day or per region.
+    """
+    by_day: dict[int, list[tuple[int, str]]] = {}
+    for key, day, region in parts:
+        by_day.setdefault(dt.date.fromisoformat(day).toordinal(), []).append((region_rank[region], key))
+    done: list[tuple[int, list[list[str]]]] = []  # (first day, each day's keys)
+    growing: dict[tuple[int, int], tuple[int, list[list[str]]]] = {}  # (first, last rank) -> (last day, rows)
+    for day in sorted(by_day):
+        spans: list[list[tuple[int, str]]] = []
+        for rank, key in sorted(by_day[day]):
+            if spans and rank == spans[-1][-1][0] + 1:
+                spans[-1].append((rank, key))
+            else:
+                spans.append([(rank, key)])
+        now: dict[tuple[int, int], tuple[int, list[list[str]]]] = {}
+        for span in spans:
+            edge = (span[0][0], span[-1][0])
+            row = [key for _, key in span]
+            last = growing.pop(edge, None)
+            if last is not None and last[0] == day - 1:
+                last[1].append(row)
+                now[edge] = (day, last[1])
+            else:
+                if last is not None:
+                    done.append((last[0], last[1]))
+                now[edge] = (day, [row])
+        done.extend(growing.values())
+        growing = now
+    done.extend(growing.values())
     out: list[list[str]] = []
-    for run in runs:
-        n = -(-len(run) // max(1, max_size))
-        cuts = [round(i * len(run) / n) for i in range(n + 1)]
-        out.extend(run[a:b] for a, b in zip(cuts, cuts[1:], strict=False))
+    for _, rows in done:
+        if len(rows[0]) > max_size:
+            out.extend(part for row in rows for part in _cut(row, max_size))
+        else:
+            out.extend([key for row in band for key in row] for band in _cut(rows, max(1, max_size // len(rows[0]))))
     return out
 
 
@@ -338,37 +430,56 @@ class PartitionLauncher:
             if not _db_down(exc):
                 raise
             runs = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
-        for run in runs:
-            if run.ok:
-                continue
+        unfinished = [run for run in runs if not run.ok]
+        if not unfinished or self.ledger_down:
+            return
+        # A partition whose phase failed runs alone, for its own error; the others of the range
+        # (their later phases left undone by the failed step) run in ranges again without it.
+        failed = [run.key for run in unfinished if "FAILED" in run.phases.values()]
+        rest = [run.key for run in unfinished if run.key not in failed]
+        for key in failed:
             if self.ledger_down:
-                break
-            self.single(run.key)
+                return
+            self.single(key)
+        if failed and len(rest) > 1:
+            for key in rest:
+                self.current[key] = self.current_heads(key)
+            self.run_groups(rest, len(group))
+        else:
+            for key in rest:
+                if self.ledger_down:
+                    return
+                self.single(key)
 
-    def launch(self, keys: list[str], max_per_run: int) -> list[PartitionRun]:
+    def run_groups(self, keys: list[str], max_per_run: int) -> None:
+        """``keys`` (sorted out already) in key ranges of at most ``max_per_run``, a run each."""
         from assets.partitions import PARTITIONS
 
-        todo = self.sort_out(keys)
-        for group in contiguous_groups(todo, PARTITIONS.get_partition_keys(), max(1, max_per_run)):
+        for group in contiguous_groups(keys, PARTITIONS.get_partition_keys(), max(1, max_per_run)):
             if self.ledger_down:
                 break
             if len(group) == 1:
                 self.single(group[0])
             else:
                 self.ranged(group)
+
+    def launch(self, keys: list[str], max_per_run: int | None) -> list[PartitionRun]:
+        todo = self.sort_out(keys)
+        self.run_groups(todo, max_per_run or partitions_per_run(todo, self.runner.landing))
         return self.runs
 
 
 def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
-                   max_per_run: int = MAX_PARTITIONS_PER_RUN,
+                   max_per_run: int | None = None,
                    on_result: Callable[[PartitionRun], None] | None = None,
                    force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions through ``storm_job`` in this process.
 
-    Neighbouring partitions (in the partitions' own order: day, then region) share one run of
-    up to ``max_per_run`` partitions, a key range, which saves Dagster's per-run cost; if a
-    range run fails, its unfinished partitions are run again one per run, so a bad partition
-    holds back no other. With ``preflight`` (the default), partitions whose every phase would
+    Neighbouring partitions (the same neighbouring regions on consecutive days) share one run
+    of up to ``max_per_run`` partitions (by default :func:`partitions_per_run`), a key range,
+    which saves Dagster's per-run cost; if a range run fails, the partition that failed runs
+    again alone, for its own error, and the range's other unfinished partitions in ranges
+    without it, so a bad partition holds back no other. With ``preflight`` (the default), partitions whose every phase would
     skip launch no run at all, and a run starts at the first phase that some partition of its
     range still needs (a resumed batch does not step through its finished phases again).
     ``force``: recompute from that phase on, whatever the ledger holds (``--from``).
@@ -477,7 +588,7 @@ def _worker_context(keys: list[str]):  # -> multiprocessing context
 
 
 def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progress | None = None,
-                              preflight: bool = True, max_per_run: int = MAX_PARTITIONS_PER_RUN,
+                              preflight: bool = True, max_per_run: int | None = None,
                               force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions in up to ``workers`` processes at once, each running blocks of
     neighbouring keys as :func:`run_partitions` does (range runs, preflight, skips).
@@ -486,10 +597,15 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     processes it starts (:func:`_worker_context`). A thread of this process reports what the
     others finish. Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps
     every phase exactly-once whichever process runs it. Once PostgreSQL is gone, no further
-    block is started.
+    block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
     """
     import threading
 
+    if max_per_run is None:
+        from resources.landing import Landing
+        from resources.settings import load_settings
+
+        max_per_run = partitions_per_run(keys, Landing(load_settings().landing))
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:  # one worker, or one range run's worth of keys
         return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
 
 pytestmark = pytest.mark.e2e
@@ -257,6 +258,49 @@ def _check_unreadable(env: dict[str, str], home: Path, tmp_path: Path) -> None:
     assert failed["phases"]["ingest"]["status"] == "FAILED"
     assert "weather.csv" in failed["phases"]["ingest"].get("error", "")
     assert not (home / "published" / "gulf_coast").exists()
+
+
+def test_a_bad_partition_of_a_range_run_fails_alone_and_the_others_finish_in_ranges(tmp_path: Path, pg_dsn: str) -> None:
+    """Nine small partitions are one range run. One of them has an unreadable file: its ingest
+    fails, so the run's later steps do not run for any of them. That partition then runs alone,
+    for its own error, and the eight others in ranges without it (the rest of its day, and the
+    two other days), not one run each."""
+    import psycopg
+
+    from tests.consumer import generated_landing
+
+    home = tmp_path / "home"
+    generated_landing(home / "landing", regions=3, rows_per_partition=200, seed=3, days=3)
+    bad = home / "landing" / "gulf_coast" / "2026-09-01" / "weather.csv"
+    data = bad.read_bytes()
+    cut = data.index(b"\n") + 1
+    bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_WORKERS="2")
+    proc = stormlake("backfill", env=env, cwd=tmp_path)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "8/9 partitions succeeded" in proc.stdout, proc.stdout
+    errors = [ln for ln in err_lines(proc) if ln.startswith("stormlake:")]
+    assert len(errors) == 1 and "gulf_coast/2026-09-01/weather.csv" in errors[0], proc.stderr
+
+    doc = status_json(env, tmp_path)
+    tiers = {(p["day"], p["region"]): p["tier"] for p in doc["partitions"]}
+    assert tiers.pop(("2026-09-01", "gulf_coast")) == 0
+    assert sorted(tiers.values()) == [4] * 8, tiers
+    # The runs, each by the keys it covered: the range of nine, the bad one alone, then the rest
+    # of its day and the two other days (the same three regions on consecutive days: one range).
+    dagster_db = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"] + "_dagster"
+    with psycopg.connect(with_database(pg_dsn, dagster_db)) as conn:
+        rows = conn.execute(
+            "SELECT r.run_id, s.value, e.value, k.value FROM runs r"
+            " LEFT JOIN run_tags s ON s.run_id = r.run_id AND s.key = 'dagster/asset_partition_range_start'"
+            " LEFT JOIN run_tags e ON e.run_id = r.run_id AND e.key = 'dagster/asset_partition_range_end'"
+            " LEFT JOIN run_tags k ON k.run_id = r.run_id AND k.key = 'dagster/partition'"
+            " ORDER BY r.create_timestamp").fetchall()
+    covered = [(start, end) if start else (key, key) for _, start, end, key in rows]
+    assert covered == [("2026-09-01|gulf_coast", "2026-09-03|red_hills"),
+                       ("2026-09-01|gulf_coast", "2026-09-01|gulf_coast"),
+                       ("2026-09-01|pine_belt", "2026-09-01|red_hills"),
+                       ("2026-09-02|gulf_coast", "2026-09-03|red_hills")], covered
 
 
 # Last in the file: with ``-x`` a failure here does not hide the other CLI tests.

@@ -3,10 +3,19 @@ shared among its worker processes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 
 from assets.partitions import PARTITIONS
-from pipeline.orchestrate import MAX_PARTITIONS_PER_RUN, contiguous_groups, worker_blocks
+from pipeline.orchestrate import (
+    MAX_PARTITIONS_PER_RUN,
+    MAX_SMALL_PARTITIONS_PER_RUN,
+    RUN_LANDING_BYTES,
+    contiguous_groups,
+    partitions_per_run,
+    worker_blocks,
+)
 
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont", "blue_ridge", "tidewater")  # the region file's order
 ORDER = PARTITIONS.get_partition_keys()
@@ -50,3 +59,49 @@ def test_the_workers_get_ranges_that_let_them_finish_together() -> None:
     many = worker_blocks(keys(20), workers=2)
     assert max(len(b) for b in many) <= MAX_PARTITIONS_PER_RUN
     check_ranges(many, keys(20))
+
+
+def test_every_region_over_consecutive_days_is_one_rectangle() -> None:
+    """A backfill of every region over days is one range, not a run per day or per region; a
+    selection with a hole is cut into rectangles that cover exactly its keys."""
+    week = keys(7)
+    assert contiguous_groups(week, ORDER, 64) == [sorted(week, key=ORDER.index)]
+    check_ranges(contiguous_groups(week, ORDER, 64), week)
+    # Too big for one run: bands of whole days, as equal as possible (42 keys, at most 20 a run).
+    bands = contiguous_groups(week, ORDER, 20)
+    assert sorted(len(g) for g in bands) == [12, 12, 18]
+    check_ranges(bands, week)
+    # The first day's first region missing: that day's other regions, and the rest of the week.
+    holed = week[1:]
+    groups = contiguous_groups(holed, ORDER, 64)
+    assert sorted(len(g) for g in groups) == [5, 36]
+    check_ranges(groups, holed)
+    # Scattered keys still come out as exact ranges, every key once.
+    scattered = [k for i, k in enumerate(keys(9)) if i % 7 not in (2, 5)]
+    check_ranges(contiguous_groups(scattered, ORDER, 8), scattered)
+    check_ranges(contiguous_groups(scattered, ORDER, 64), scattered)
+
+
+def test_small_partitions_share_bigger_runs(tmp_path: Path) -> None:
+    """The runs' size follows the partitions' own landing files (not the region's reference files):
+    8 a run for partitions of 200,000 rows, more for small ones, at most 64."""
+    from resources.landing import Landing
+    from resources.landing_layout import PARTITION_FILES
+
+    def per_run(bytes_each: int) -> int:
+        root = tmp_path / f"landing-{bytes_each}"
+        selected = keys(2)
+        for key in selected:
+            day, region = key.split("|")
+            folder = root / region / day
+            folder.mkdir(parents=True)
+            for name in PARTITION_FILES:
+                (folder / name).write_bytes(b"x" * (bytes_each // len(PARTITION_FILES)))
+        (root / "reference").mkdir()
+        (root / "reference" / "customers.csv").write_bytes(b"x" * (RUN_LANDING_BYTES // 2))  # shared, not counted
+        return partitions_per_run(selected, Landing(root))
+
+    assert per_run(110_000) == MAX_SMALL_PARTITIONS_PER_RUN  # 500 rows
+    assert per_run(2_400_000) == RUN_LANDING_BYTES // 2_400_000  # 20,000 rows: 27
+    assert per_run(23_000_000) == MAX_PARTITIONS_PER_RUN  # 200,000 rows
+    assert partitions_per_run([], Landing(tmp_path / "none")) == MAX_PARTITIONS_PER_RUN
