@@ -504,12 +504,14 @@ def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIO
     A block is one key range of at most ``max_per_run`` keys, about the workers' share, and of
     the two ways to cut ranges (by day, by region) the one whose workers would finish first:
     18 keys (3 days of 6 regions) for 2 workers are 6 ranges of a region's 3 days (9 each), not
-    a day's 6 regions three times (12 and 6). A selection of at most ``max_per_run`` keys is
-    one block: one process runs it, with no worker to start.
+    a day's 6 regions three times (12 and 6). A selection of at most :data:`MAX_PARTITIONS_PER_RUN`
+    keys (or ``max_per_run``, when smaller) is one block: one process runs it, with no worker to
+    start. A bigger one is shared out even when one run could take it all (small partitions):
+    two processes of half as many partitions each finish first.
     """
     from assets.partitions import PARTITIONS
 
-    if workers <= 1 or len(keys) <= max_per_run:
+    if workers <= 1 or len(keys) <= min(max_per_run, MAX_PARTITIONS_PER_RUN):
         return [keys] if keys else []
     rounds = -(-len(keys) // (workers * max_per_run))
     size = -(-len(keys) // (workers * rounds))

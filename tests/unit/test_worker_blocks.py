@@ -105,3 +105,14 @@ def test_small_partitions_share_bigger_runs(tmp_path: Path) -> None:
     assert per_run(2_400_000) == RUN_LANDING_BYTES // 2_400_000  # 20,000 rows: 27
     assert per_run(23_000_000) == MAX_PARTITIONS_PER_RUN  # 200,000 rows
     assert partitions_per_run([], Landing(tmp_path / "none")) == MAX_PARTITIONS_PER_RUN
+
+
+def test_small_partitions_are_still_shared_among_the_workers() -> None:
+    """Runs of up to 64 small partitions do not leave a core idle: 40 keys for 2 workers are two
+    blocks of about half each, not one run in one process; 8 or fewer stay in one process."""
+    week = keys(7)[:40]
+    blocks = worker_blocks(week, workers=2, max_per_run=64)
+    assert len(blocks) >= 2 and max(len(b) for b in blocks) <= 20, [len(b) for b in blocks]
+    check_ranges(blocks, week)
+    assert worker_blocks(keys(1) + ["2026-09-02|gulf_coast"], workers=2, max_per_run=64) == [
+        keys(1) + ["2026-09-02|gulf_coast"]]
