@@ -189,18 +189,26 @@ def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[
 
     A range of (day, region) partitions is a rectangle: every day from the first key's to the
     last key's, times every region from the first key's to the last key's (in the region
-    file's order). So a range is one day's neighbouring regions or one region's consecutive
-    days, whichever way takes fewer runs (a day of 50 regions, or a region's year); a run of
-    neighbours longer than ``max_size`` is cut into parts as equal as possible. Keys outside
-    ``order`` are ranges of their own. Ranges come in the order of their first key.
+    file's order). So a range is one day's neighbouring regions, one region's consecutive days,
+    or (for runs of more than :data:`MAX_PARTITIONS_PER_RUN`) the same neighbouring regions on
+    consecutive days, whichever way takes fewest runs (a day of 50 regions, a region's year, a
+    week of every region); a run of neighbours longer than ``max_size`` is cut into parts as
+    equal as possible. Keys outside ``order`` are ranges of their own. Ranges come in the order
+    of their first key.
     """
     return min(range_groupings(keys, order, max_size), key=len)
 
 
 def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[list[list[str]], ...]:
-    """The three ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each
-    range a day's neighbouring regions; by region, each range a region's consecutive days; and
-    rectangles, each range the same neighbouring regions on consecutive days."""
+    """The ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each range
+    a day's neighbouring regions; by region, each range a region's consecutive days; and, for
+    runs of more than :data:`MAX_PARTITIONS_PER_RUN` (small partitions), rectangles, each range
+    the same neighbouring regions on consecutive days.
+
+    Runs of at most 8 (partitions of 200,000 rows) keep to the first two: the bench's 8
+    partitions (4 regions × 2 days) as one rectangle made its resumed run, which reads its
+    inputs back from the lake, slower (resume / pipeline 0.508 / 0.523 against a target of
+    0.37, and 0.41 in two ranges of 4)."""
     pos = {k: i for i, k in enumerate(order)}
     region_rank: dict[str, int] = {}
     for key in order:
@@ -214,6 +222,8 @@ def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[l
 
     by_day = _runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size)
     by_region = _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)
+    if max_size <= MAX_PARTITIONS_PER_RUN:  # big partitions: a day's or a region's ranges only (see below)
+        return ordered(by_day), ordered(by_region)
     rectangles = _rectangles(parts, region_rank, max_size=max_size)
     return ordered(by_day), ordered(by_region), ordered([sorted(g, key=pos.__getitem__) for g in rectangles])
 
