@@ -158,7 +158,7 @@ def partitions_per_run(keys: list[str], landing: Landing) -> int:
     :data:`MAX_SMALL_PARTITIONS_PER_RUN`.
 
     Example: partitions of 500 outage rows (about 110 kB of landing files) take 64 a run, of
-    20,000 rows (2.4 MB) 26, of 200,000 rows (23 MB) 8.
+    20,000 rows (2.4 MB) 27, of 200,000 rows (23 MB) 8.
     """
     if not keys:
         return MAX_PARTITIONS_PER_RUN
@@ -208,7 +208,7 @@ def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[l
     Runs of at most 8 (partitions of 200,000 rows) keep to the first two: the bench's 8
     partitions (4 regions × 2 days) as one rectangle made its resumed run, which reads its
     inputs back from the lake, slower (resume / pipeline 0.508 / 0.523 against a target of
-    0.37, and 0.41 in two ranges of 4)."""
+    0.37, and 0.419 / 0.370 in two ranges of 4)."""
     pos = {k: i for i, k in enumerate(order)}
     region_rank: dict[str, int] = {}
     for key in order:
@@ -261,7 +261,7 @@ def _rectangles(parts: list[tuple[str, str, str]], region_rank: dict[str, int], 
     by_day: dict[int, list[tuple[int, str]]] = {}
     for key, day, region in parts:
         by_day.setdefault(dt.date.fromisoformat(day).toordinal(), []).append((region_rank[region], key))
-    done: list[tuple[int, list[list[str]]]] = []  # (first day, each day's keys)
+    done: list[tuple[int, list[list[str]]]] = []  # (last day, each day's keys)
     growing: dict[tuple[int, int], tuple[int, list[list[str]]]] = {}  # (first, last rank) -> (last day, rows)
     for day in sorted(by_day):
         spans: list[list[tuple[int, str]]] = []
