@@ -153,9 +153,11 @@ SIZE_SAMPLE = 32
 
 def partitions_per_run(keys: list[str], landing: Landing) -> int:
     """How many partitions one key range run may hold: :data:`MAX_PARTITIONS_PER_RUN`, or more for
-    small partitions, as many as :data:`RUN_LANDING_BYTES` of landing files would be at the median
-    partition's size (of up to :data:`SIZE_SAMPLE` spread over ``keys``), at most
-    :data:`MAX_SMALL_PARTITIONS_PER_RUN`.
+    small partitions, as many as :data:`RUN_LANDING_BYTES` of landing files would be at the size
+    of the biggest of up to :data:`SIZE_SAMPLE` partitions spread over ``keys`` (a selection of
+    small and big partitions is sized by the big ones), at most
+    :data:`MAX_SMALL_PARTITIONS_PER_RUN`. Partitions whose landing files are gone take
+    :data:`MAX_PARTITIONS_PER_RUN`.
 
     Example: partitions of 500 outage rows (about 110 kB of landing files) take 64 a run, of
     20,000 rows (2.4 MB) 27, of 200,000 rows (23 MB) 8.
@@ -163,9 +165,10 @@ def partitions_per_run(keys: list[str], landing: Landing) -> int:
     if not keys:
         return MAX_PARTITIONS_PER_RUN
     step = max(1, len(keys) // SIZE_SAMPLE)
-    sizes = sorted(_landing_bytes(landing, key) for key in keys[::step][:SIZE_SAMPLE])
-    fit = RUN_LANDING_BYTES // max(1, sizes[len(sizes) // 2])
-    return int(max(MAX_PARTITIONS_PER_RUN, min(MAX_SMALL_PARTITIONS_PER_RUN, fit)))
+    biggest = max(_landing_bytes(landing, key) for key in keys[::step][:SIZE_SAMPLE])
+    if not biggest:  # no landing files to go by (removed since ingest): the size of old
+        return MAX_PARTITIONS_PER_RUN
+    return int(max(MAX_PARTITIONS_PER_RUN, min(MAX_SMALL_PARTITIONS_PER_RUN, RUN_LANDING_BYTES // biggest)))
 
 
 def _landing_bytes(landing: Landing, key: str) -> int:
@@ -451,10 +454,11 @@ class PartitionLauncher:
             if self.ledger_down:
                 return
             self.single(key)
+        if self.ledger_down:
+            return
         if failed and len(rest) > 1:
-            for key in rest:
-                self.current[key] = self.current_heads(key)
-            self.run_groups(rest, len(group))
+            # Sorted out again: another process may have finished some of them meanwhile.
+            self.run_groups(self.sort_out(rest), len(group))
         else:
             for key in rest:
                 if self.ledger_down:

@@ -439,9 +439,12 @@ class _Uncounted(Exception):  # noqa: N818 - internal signal, never raised to a 
 
 def _has_commits_after(uri: str, version: int) -> bool:
     """Whether the table's log holds a commit after ``version``; True when that cannot be told
-    cheaply (a remote table). Every commit writes its JSON file, so for a local table one lookup
-    of the next one tells."""
-    return "://" in uri or os.path.exists(_commit_file(uri, version + 1))
+    cheaply (a remote table). Every commit writes its JSON file, so for a local table a lookup
+    of the next one tells, as long as the handle's own is still there: the log's cleanup removes
+    the oldest commits first, so a handle whose commit is gone is taken as behind."""
+    if "://" in uri:
+        return True
+    return os.path.exists(_commit_file(uri, version + 1)) or not os.path.exists(_commit_file(uri, version))
 
 
 def _commit_file(uri: str, version: int) -> str:

@@ -105,6 +105,14 @@ def test_small_partitions_share_bigger_runs(tmp_path: Path) -> None:
     assert per_run(2_400_000) == RUN_LANDING_BYTES // 2_400_000  # 20,000 rows: 27
     assert per_run(23_000_000) == MAX_PARTITIONS_PER_RUN  # 200,000 rows
     assert partitions_per_run([], Landing(tmp_path / "none")) == MAX_PARTITIONS_PER_RUN
+    # Landing files gone since ingest: nothing to go by, the size of old.
+    assert partitions_per_run(keys(2), Landing(tmp_path / "none")) == MAX_PARTITIONS_PER_RUN
+    # Small and big partitions together are sized by the big ones.
+    mixed = tmp_path / "landing-110000"
+    big = mixed / "gulf_coast" / "2026-09-01"
+    for name in PARTITION_FILES:
+        (big / name).write_bytes(b"x" * (23_000_000 // len(PARTITION_FILES)))
+    assert partitions_per_run(keys(2), Landing(mixed)) == MAX_PARTITIONS_PER_RUN
 
 
 def test_small_partitions_are_still_shared_among_the_workers() -> None:
