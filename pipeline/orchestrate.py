@@ -165,24 +165,13 @@ def partitions_per_run(keys: list[str], landing: Landing) -> int:
     if not keys:
         return MAX_PARTITIONS_PER_RUN
     step = max(1, len(keys) // SIZE_SAMPLE)
-    biggest = max(_landing_bytes(landing, key) for key in keys[::step][:SIZE_SAMPLE])
+    biggest = max(landing.partition_bytes(region_id, day)
+                  for day, region_id in map(split_partition_key, keys[::step][:SIZE_SAMPLE]))
     if not biggest:  # no landing files to go by (removed since ingest): the size of old
         return MAX_PARTITIONS_PER_RUN
     return int(max(MAX_PARTITIONS_PER_RUN, min(MAX_SMALL_PARTITIONS_PER_RUN, RUN_LANDING_BYTES // biggest)))
 
 
-def _landing_bytes(landing: Landing, key: str) -> int:
-    """Bytes of the partition's own landing files (not the region's reference files, which every
-    partition of the region shares)."""
-    from resources.landing_layout import PARTITION_FILES
-
-    day, region_id = split_partition_key(key)
-    folder = landing.partition_dir(region_id, day)
-    total = 0
-    for name in PARTITION_FILES:
-        with contextlib.suppress(OSError):
-            total += (folder / name).stat().st_size
-    return total
 RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
 
 
@@ -223,12 +212,11 @@ def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[l
     def ordered(groups: list[list[str]]) -> list[list[str]]:
         return sorted(groups + alone, key=lambda g: (pos.get(g[0], len(order)), g[0]))
 
-    by_day = _runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size)
-    by_region = _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)
-    if max_size <= MAX_PARTITIONS_PER_RUN:  # big partitions: a day's or a region's ranges only (see below)
-        return ordered(by_day), ordered(by_region)
-    rectangles = _rectangles(parts, region_rank, max_size=max_size)
-    return ordered(by_day), ordered(by_region), ordered([sorted(g, key=pos.__getitem__) for g in rectangles])
+    groupings = [_runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size),
+                 _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)]
+    if max_size > MAX_PARTITIONS_PER_RUN:  # small partitions (big ones: see above)
+        groupings.append([sorted(g, key=pos.__getitem__) for g in _rectangles(parts, region_rank, max_size=max_size)])
+    return tuple(ordered(g) for g in groupings)
 
 
 def _runs(parts: list[tuple[str, str, str]], *, along, max_size: int) -> list[list[str]]:  # noqa: ANN001
@@ -448,22 +436,16 @@ class PartitionLauncher:
             return
         # A partition whose phase failed runs alone, for its own error; the others of the range
         # (their later phases left undone by the failed step) run in ranges again without it.
+        # (A range that failed with no partition to blame runs each of them alone, as before.)
         failed = [run.key for run in unfinished if "FAILED" in run.phases.values()]
         rest = [run.key for run in unfinished if run.key not in failed]
-        for key in failed:
-            if self.ledger_down:
-                return
-            self.single(key)
+        self.run_groups(failed, 1)
         if self.ledger_down:
             return
-        if failed and len(rest) > 1:
-            # Sorted out again: another process may have finished some of them meanwhile.
+        if failed:  # sorted out again: another process may have finished some of them meanwhile
             self.run_groups(self.sort_out(rest), len(group))
         else:
-            for key in rest:
-                if self.ledger_down:
-                    return
-                self.single(key)
+            self.run_groups(rest, 1)
 
     def run_groups(self, keys: list[str], max_per_run: int) -> None:
         """``keys`` (sorted out already) in key ranges of at most ``max_per_run``, a run each."""

@@ -398,9 +398,9 @@ class Lake:
             if "://" not in uri:
                 counted = self._counts.get(uri)
                 if counted is None or counted.version > version or not counted.advance(uri, version):
-                    counted = self._counts[uri] = _FileRows.of(self._snapshot_counts(uri, version), version)
+                    counted = self._counts[uri] = _FileRows(version, self._snapshot_counts(uri, version))
                 return counted.total
-            return _total(self._snapshot_counts(uri, version))
+            return sum(self._snapshot_counts(uri, version).values())
         except _Uncounted:
             self._counts.pop(uri, None)
             return None
@@ -457,21 +457,16 @@ def _log_path(path: str) -> str:
     return urllib.parse.unquote(path)
 
 
-def _total(files: dict[str, int]) -> int:
-    return sum(files.values())
-
-
 @dataclass
 class _FileRows:
-    """The rows of each live data file of a local table at ``version``, and their sum."""
+    """The rows of each live data file of a local table at ``version``."""
 
     version: int
     files: dict[str, int]
-    total: int
 
-    @classmethod
-    def of(cls, files: dict[str, int], version: int) -> _FileRows:
-        return cls(version, files, _total(files))
+    @property
+    def total(self) -> int:
+        return sum(self.files.values())
 
     def advance(self, uri: str, version: int) -> bool:
         """Move to ``version`` by applying the add and remove actions of the commits after this
@@ -495,7 +490,7 @@ class _FileRows:
                             files.pop(_log_path(action["remove"]["path"]), None)
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        self.version, self.files, self.total = version, files, _total(files)
+        self.version, self.files = version, files
         return True
 
 

@@ -66,6 +66,18 @@ class Landing:
         """Whether the partition's folder holds at least one of its files."""
         return any((self.partition_dir(region_id, day) / name).exists() for name in layout.PARTITION_FILES)
 
+    def partition_bytes(self, region_id: str, day: str) -> int:
+        """Bytes of the partition's own files (not the region's reference files, which every
+        partition of the region shares); a missing file counts 0."""
+        folder = self.partition_dir(region_id, day)
+        total = 0
+        for name in layout.PARTITION_FILES:
+            try:
+                total += (folder / name).stat().st_size
+            except OSError:
+                pass
+        return total
+
     def digests(self, region_id: str, day: str) -> dict[str, str]:
         """Landing-relative name -> sha256 of every input file of the partition (``missing`` if absent)."""
         return {rel: digest for rel, (_, digest) in self.stamped_digests(region_id, day).items()}
