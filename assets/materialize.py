@@ -13,6 +13,7 @@ description.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,13 @@ from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.errors import StormlakeError
-from resources.keys import partition_key
+from resources.keys import (
+    FAILED_PARTITIONS_TAG,
+    LAUNCHED_BY,
+    MAX_PARTITIONS_PER_RUN,
+    failed_partitions,
+    partition_key,
+)
 from resources.lake import Lake
 from resources.ledger_resource import LedgerResource
 from resources.settings import load_settings
@@ -74,8 +81,11 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
 
     The op is named after the phase (``Phase.asset``), so run and step names read as before; it
     cannot be subset, since the phase writes all its tables under one checkpoint. Partitions,
-    the backfill policy (one run per partition), the retry policy and the pool (one per phase:
-    the writer of its Delta tables) are the op's.
+    the backfill policy, the retry policy and the pool (one per phase: the writer of its Delta
+    tables) are the op's. The backfill policy gives a UI backfill's runs key ranges of up to
+    ``MAX_PARTITIONS_PER_RUN`` partitions, as the CLI's runs of big partitions: Dagster's cost
+    of a run (its creation, its start, its events) is paid once for each range instead of once
+    for each partition. A range's failure stays with its partitions (:func:`_fail_step`).
     """
     from assets.partitions import PARTITIONS
 
@@ -84,7 +94,7 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
         specs=[table_spec(phase, table, deps=deps or [], kinds=kinds or TABLE_KINDS) for table in phase.tables],
         partitions_def=PARTITIONS,
         can_subset=False,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN),
         retry_policy=TRANSIENT_RETRY,
         check_specs=[grader_spec(phase)],
         pool=phase.pool,
@@ -211,6 +221,7 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         yield from _dead_lettered(context, phase, failures[0][1])
         return
     if failures:
+        _ask_for_regrouping(context, failures)
         yield from _fail_step(phase, failures)
     assert runner is not None
     yield from _materializations(context, phase, outcomes, runner.lake)
@@ -218,17 +229,17 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
 
 
 def not_landed(context: dg.AssetExecutionContext, landing: LandingResource) -> bool:
-    """Whether the step is one partition none of whose landing files exist (its folder empty or absent).
+    """Whether none of the step's partitions has any of its landing files (folders empty or absent).
 
     Dagster offers every day since the first day for every region, most of them with nothing
-    landed yet; a run over such a partition is no failure and leaves no trace in the ledger. A
+    landed yet; a run over such partitions is no failure and leaves no trace in the ledger. A
     partition with some of its files is read as usual (a missing one fails ingest, naming it).
+    A UI backfill's range that mixes partitions that landed with some that did not is cut in
+    two before it runs (``pipeline.range_runs``); a range that still mixes them (launched in
+    process over a key range) fails ingest for the ones that did not land, naming their files.
     """
-    keys = context.partition_keys
-    if len(keys) != 1:
-        return False
-    day, region_id = split_key(keys[0])
-    return not landing.get().has_partition_files(region_id, day)
+    zone = landing.get()
+    return not any(zone.has_partition_files(region_id, day) for day, region_id in map(split_key, context.partition_keys))
 
 
 def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.AssetCheckResult]:
@@ -237,10 +248,11 @@ def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.
     No table is materialized, so the later phases' steps are skipped and the partition stays
     missing in the catalog, ready for the run that comes when its files land.
     """
-    key = context.partition_keys[0]
-    context.log.info(f"{phase.name} of {key}: not landed (no landing files yet); nothing to do")
+    keys = context.partition_keys
+    what = f"{keys[0]} has" if len(keys) == 1 else f"{keys[0]} .. {keys[-1]} ({len(keys)} partitions) have"
+    context.log.info(f"{phase.name}: {what} not landed (no landing files yet); nothing to do")
     yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=True,
-                              description=f"{key} has not landed: no landing files yet, nothing was read or written",
+                              description=f"{what} not landed: no landing files yet, nothing was read or written",
                               metadata={"landed": False})
 
 
@@ -286,6 +298,40 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
             raise
         failures.append((keys[0] if len(keys) == 1 else "?", exc))
     return runner, outcomes, failures
+
+
+def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[str, StormlakeError]]) -> None:
+    """Have Dagster retry a queued range run whose phase failed for some of its partitions only.
+
+    A failed step fails the run's later steps for every partition of its range. The CLI runs
+    the range's other partitions again without the failed ones (``pipeline.orchestrate``); a
+    run from the queue (a UI backfill, ``dg launch``) asks for the same through Dagster's run
+    retries: its tags name the failed partitions (``FAILED_PARTITIONS_TAG``) and allow one more
+    retry of its run group on a step failure (the documented ``dagster/max_retries`` and
+    ``dagster/retry_on_asset_or_op_failure`` tags; the instance retries only crashed runs).
+    The retry, from the failed step on, reaches stormlake's run coordinator, which turns it
+    into runs over the range's other partitions (``pipeline.range_runs``); a backfill waits
+    for them and ends with only the failed partitions failed. A run that still holds a
+    partition its parent named as failed was not cut (an instance without stormlake's
+    coordinator): it asks for nothing more, so a range is retried at most once that way.
+    """
+    keys = list(context.partition_keys)
+    failed = [k for k, _ in failures]
+    if len(keys) < 2 or context.run.tags.get(LAUNCHED_BY) == "cli" or not set(keys) - set(failed) \
+            or not set(failed) <= set(keys):
+        return
+    instance = context.instance
+    parent_id = context.run.tags.get("dagster/parent_run_id")
+    parent = instance.get_run_by_id(parent_id) if parent_id else None
+    if parent is not None and failed_partitions(parent.tags) & set(keys):
+        return  # not cut without its parent's failed partitions: a retry would fail the same way
+    group = instance.get_run_group(context.run_id)
+    runs_in_group = len(group[1]) if group else 1
+    instance.add_run_tags(context.run_id, {
+        FAILED_PARTITIONS_TAG: json.dumps(failed),
+        "dagster/retry_on_asset_or_op_failure": "true",
+        "dagster/max_retries": str(runs_in_group),  # retried while the group has at most this many runs
+    })
 
 
 def _fail_step(phase: Phase, failures: list[tuple[str, StormlakeError]]) -> Iterator[dg.AssetCheckResult]:

@@ -11,9 +11,6 @@ import dagster as dg
 from assets.landing_files import LANDING_FILES
 from assets.phases import PHASES, table_keys
 
-#: The run tag that says who launched a run (the CLI, the schedule, a sensor).
-LAUNCHED_BY = "stormlake/launched_by"
-
 STORM_JOB = "storm_job"
 OBSERVE_LANDING_JOB = "observe_landing"
 

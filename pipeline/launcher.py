@@ -9,9 +9,8 @@ neither.
 **Why a warm launcher.** Dagster's default launcher asks the code server to start each run in a
 spawned interpreter, which imports Dagster, pandas, pyarrow, deltalake and matplotlib and loads
 the code location before the run's first step: 4-5 s on a 2-core machine, where a small
-partition's four phases take well under a second. With one run per partition (each
-partition's failure stays its own), a year's backfill from the UI paid that start 18,250 times.
-:class:`WarmRunLauncher` keeps one process (the *zygote*) with all of that imported and the code
+partition's four phases take well under a second; a year's backfill from the UI, in runs of
+up to 8 partitions, would pay that start more than 2,000 times. :class:`WarmRunLauncher` keeps one process (the *zygote*) with all of that imported and the code
 location loaded, and forks it for each run; the fork executes the run exactly as Dagster's own
 run worker does (:func:`resources.dagster_compat.execute_launched_run`), so the run's events,
 status, retries and pools are Dagster's. The zygote holds no connection, pool, open table or
@@ -33,7 +32,10 @@ seconds, a constant ``dagster.yaml`` cannot set, so a UI backfill waited up to 3
 first run was even queued. :class:`StormlakeRunCoordinator` is Dagster's queued coordinator
 with one more setting, ``backfill_interval_seconds``; the daemon builds the coordinator before
 it starts its threads, which is when the setting is applied
-(:func:`resources.dagster_compat.set_backfill_daemon_interval`).
+(:func:`resources.dagster_compat.set_backfill_daemon_interval`). Every queued run passes
+through it before it starts, so it is also where a key range run is cut: one that mixes
+partitions that landed with some that did not, or the retry of a range whose phase failed for
+some of its partitions (:mod:`pipeline.range_runs`).
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
             launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
             if isinstance(launcher, WarmRunLauncher):
                 threading.Thread(target=launcher.prestart, name="stormlake-warm-process", daemon=True).start()
+
+    def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
+        """Queue the run, cut first into runs of one kind of work when it is a key range that
+        mixes partitions that landed with some that did not, or the retry of a range whose phase
+        failed for some partitions (:mod:`pipeline.range_runs`). The copies are queued right
+        after it, in the same backfill."""
+        from pipeline.range_runs import cut
+        from resources.landing import Landing
+        from resources.settings import load_settings
+
+        runs = cut(self._instance, context.workspace, context.dagster_run, Landing(load_settings().landing))
+        submitted = super().submit_run(dg.SubmitRunContext(runs[0], context.workspace))
+        for copy in runs[1:]:
+            super().submit_run(dg.SubmitRunContext(copy, context.workspace))
+        return submitted
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StormlakeRunCoordinator:

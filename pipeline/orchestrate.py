@@ -21,11 +21,10 @@ import dagster as dg
 from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from assets.runner import Force
-from pipeline.jobs import LAUNCHED_BY
 from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
 from resources import dagster_compat
 from resources.errors import LedgerUnavailable
-from resources.keys import split_partition_key
+from resources.keys import LAUNCHED_BY, MAX_PARTITIONS_PER_RUN, split_partition_key
 from resources.ledger import Checkpoint, Ledger
 
 if TYPE_CHECKING:
@@ -140,11 +139,10 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
     return reaped
 
 
-#: Partitions a key range run holds at most, whatever their size...
-MAX_PARTITIONS_PER_RUN = 8
-#: ... and small ones, as many as ``RUN_LANDING_BYTES`` of landing files, up to this many: Dagster
-#: costs about 0.4 s a run (its creation, planned and step events), a partition of 500 rows
-#: about half a second of phase work.
+#: A key range run holds at most ``MAX_PARTITIONS_PER_RUN`` partitions whatever their size (the
+#: phase assets' backfill policy holds as many), and small ones as many as ``RUN_LANDING_BYTES``
+#: of landing files, up to this many: Dagster costs about 0.4 s a run (its creation, planned and
+#: step events), a partition of 500 rows about half a second of phase work.
 MAX_SMALL_PARTITIONS_PER_RUN = 64
 RUN_LANDING_BYTES = 64 * 1024 * 1024
 #: Partitions whose landing folders are measured to size the runs (spread over the selection).

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from pipeline.jobs import LAUNCHED_BY, observe_landing, storm_job
+from pipeline.jobs import observe_landing, storm_job
+from resources.keys import LAUNCHED_BY
 
 OBSERVE_CRON = "*/15 * * * *"
 DAILY_HOUR_UTC = 3  # 03:00 UTC: late landing files of the previous day have had three hours

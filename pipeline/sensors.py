@@ -47,8 +47,9 @@ import dagster as dg
 from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
-from pipeline.jobs import LAUNCHED_BY, storm_job
+from pipeline.jobs import storm_job
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
+from resources.keys import LAUNCHED_BY
 from resources.landing import Landing
 from resources.ledger import Event, Ledger
 from resources.ledger_resource import LedgerResource

@@ -318,3 +318,44 @@ def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
     from dagster._cli.api import _execute_run_command_body
 
     return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
+
+
+def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, tags: dict[str, str]) -> dg.DagsterRun:
+    """A new run (NOT_STARTED) like ``run``, with ``tags``: same job, selection, steps, snapshots,
+    origins, parent and root run, run config.
+
+    stormlake's run coordinator cuts a queued key range run into several (``pipeline.range_runs``)
+    when it reaches the queue: Dagster's public ways to make a run (a ``RunRequest``, a
+    re-execution, ``execute_in_process``) start from a code location or from the job's
+    definition, neither of which the coordinator holds. ``DagsterInstance.create_run`` with the
+    stored snapshots makes the run as the backfill daemon made the original: it writes the
+    planned materializations of the copy's own range, which a backfill reads to tell which
+    partitions a failed run left unmaterialized. ``workspace`` is the submitting request
+    context (``SubmitRunContext.workspace``), whose asset graph the planned events are resolved
+    against. ``tests/e2e/test_dagster_ui.py`` (a bad partition of a UI range) runs it in a real
+    daemon.
+    """
+    import dagster as dg
+
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
+    job = instance.get_job_snapshot(run.job_snapshot_id) if run.job_snapshot_id else None
+    return instance.create_run(
+        job_name=run.job_name,
+        run_id=None,
+        run_config=run.run_config,
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        tags=tags,
+        root_run_id=run.root_run_id,
+        parent_run_id=run.parent_run_id,
+        step_keys_to_execute=run.step_keys_to_execute,
+        execution_plan_snapshot=plan,
+        job_snapshot=job,
+        parent_job_snapshot=None,
+        asset_selection=run.asset_selection,
+        asset_check_selection=run.asset_check_selection,
+        resolved_op_selection=run.resolved_op_selection,
+        op_selection=run.op_selection,
+        remote_job_origin=run.remote_job_origin,
+        job_code_origin=run.job_code_origin,
+        asset_graph=workspace.asset_graph,  # type: ignore[attr-defined]
+    )

@@ -2,8 +2,13 @@
 project's PostgreSQL instance.
 
 - A partition backfill launched through GraphQL ``launchPartitionBackfill`` (the mutation the
-  UI's "Materialize" dialog sends) over 2 days x 2 regions completes, one run per partition
-  (the assets' backfill policy), and ``stormlake status --json`` shows every partition published.
+  UI's "Materialize" dialog sends) over 2 days x 2 regions completes in key range runs (the
+  assets' backfill policy: one run for each day's two regions), and ``stormlake status --json``
+  shows every partition published.
+- "Materialize all" over every partition: the ones that landed are published, the ranges that
+  mix them with partitions without files are cut before they run, and no run fails.
+- A range with a partition whose file is unreadable: that partition fails alone; the range's
+  other partitions are published by the runs Dagster's retry of the range becomes.
 - The same backfill again computes nothing and delivers nothing.
 - Both sensors, turned on through GraphQL ``startSensor``, get a real daemon tick each.
 - The catalog holds one asset per Delta table (ten, grouped by phase, each with its column
@@ -206,12 +211,19 @@ def _tag(run: dict[str, Any], key: str) -> str | None:
     return next((t["value"] for t in run["tags"] if t["key"] == key), None)
 
 
-def _run_partition(run: dict[str, Any]) -> str:
-    """The one partition of a backfill run (a range of one, under a single-partition backfill policy)."""
+def _run_keys(run: dict[str, Any]) -> list[str]:
+    """The partitions of a backfill run: its key range (one day's regions or one region's days)."""
+    from assets.partitions import storm_partitions
+
     start = _tag(run, "dagster/asset_partition_range_start") or _tag(run, "dagster/partition")
     end = _tag(run, "dagster/asset_partition_range_end") or start
-    assert start is not None and start == end, run["tags"]
-    return start
+    assert start is not None and end is not None, run["tags"]
+    return [str(k) for k in storm_partitions().get_partition_keys_in_range(dg.PartitionKeyRange(start, end))]
+
+
+def _covered(runs: list[dict[str, Any]]) -> list[str]:
+    """Every partition the runs cover, once for each run that covers it, sorted."""
+    return sorted(k for r in runs for k in _run_keys(r))
 
 
 def _wait_backfill(d: Dagster, backfill_id: str) -> dict[str, Any]:
@@ -284,13 +296,14 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     first = _wait_backfill(d, first_id)
     assert first["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), (first, d.tail())
     runs = first["runs"]
-    # Backfill policy multi_run(max_partitions_per_run=1): one run per partition, all four phases
-    # each, and no run failed and was retried (the first runs of a fresh instance used to race
-    # to create the pools' rows; see pipeline.instance.ensure_pools).
+    # Backfill policy multi_run(max_partitions_per_run=8): Dagster cuts the selection by day, so
+    # one run for each day's two regions, all four phases each; no run failed and was retried
+    # (the first runs of a fresh instance used to race to create the pools' rows; see
+    # pipeline.instance.ensure_pools).
     assert [_tag(r, "dagster/retry_number") for r in runs] == [None] * len(runs), runs
-    assert len(runs) == len(KEYS), runs
+    assert len(runs) == 2, runs
     assert all(r["status"] == "SUCCESS" for r in runs), runs
-    assert sorted(_run_partition(r) for r in runs) == sorted(KEYS)
+    assert _covered(runs) == sorted(KEYS)
     _check_warm_workers(runs)
 
     status = _status(d.env)
@@ -312,7 +325,7 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     second_id = _launch_backfill(d, KEYS, "e2e: again")
     second = _wait_backfill(d, second_id)
     assert second["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), second
-    assert len(second["runs"]) == len(KEYS) and all(r["status"] == "SUCCESS" for r in second["runs"])
+    assert _covered(second["runs"]) == sorted(KEYS) and all(r["status"] == "SUCCESS" for r in second["runs"])
     seconds = _materialization_statuses([r["id"] for r in second["runs"]])
     assert len(seconds) == len(KEYS) * len(ASSETS)
     assert set(seconds.values()) == {"SKIPPED"}, (seconds, _events_of([k for (k, _), v in seconds.items() if v != "SKIPPED"]))
@@ -395,7 +408,9 @@ def recent_landing(sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> t
 def test_ui_backfill_over_all_partitions_runs_what_landed_and_passes_over_the_rest(
         recent_landing: tuple[list[str], list[str]], dagster_dev: Dagster) -> None:
     """"Materialize all" in the UI, over every partition: the two that landed are published, the
-    others end their runs successfully with nothing read, written or recorded."""
+    others end their runs successfully with nothing read, written or recorded. Dagster cuts the
+    selection into one range a day; the first day's range mixes the two that landed with four
+    that did not, so stormlake's run coordinator cuts it in two before it runs."""
     d = dagster_dev
     landed, every = recent_landing
     assert len(every) > len(landed) and set(landed) <= set(every)
@@ -408,8 +423,10 @@ def test_ui_backfill_over_all_partitions_runs_what_landed_and_passes_over_the_re
     assert bf["status"] in ("COMPLETED_SUCCESS", "COMPLETED_FAILED"), (bf, d.tail())
     assert bf["numPartitions"] == len(every), bf
     runs = bf["runs"]
-    assert sorted(_run_partition(r) for r in runs) == sorted(every)
-    assert all(r["status"] == "SUCCESS" for r in runs), [(r["status"], _run_partition(r)) for r in runs]
+    assert _covered(runs) == sorted(every)
+    assert all(r["status"] == "SUCCESS" for r in runs), [(r["status"], _run_keys(r)) for r in runs]
+    assert sorted(_run_keys(r) for r in runs if set(_run_keys(r)) & set(landed)) == [sorted(landed)]
+    assert len(runs) < len(every), len(runs)
     _check_warm_workers(runs)
     # The ledger knows the landed partitions only, both published.
     status = _status(d.env)
@@ -508,3 +525,56 @@ def _check_asset_graph(d: Dagster, location: str) -> None:
         assert res.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, res.stderr[-3000:]
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def one_bad_partition(sl_env: dict[str, str]) -> tuple[list[str], str]:
+    """Three regions on one day, the middle one with an unreadable weather file: (keys, bad key)."""
+    from tests.consumer import generated_landing
+
+    landing = Path(sl_env["STORMLAKE_HOME"]) / "landing"
+    shutil.rmtree(landing)
+    generated_landing(landing, regions=3, rows_per_partition=200, seed=5, days=1)
+    keys = sorted(f"2026-09-01|{p.parent.name}" for p in landing.glob("*/2026-09-01"))
+    bad = landing / "pine_belt" / "2026-09-01" / "weather.csv"
+    data = bad.read_bytes()
+    cut = data.index(b"\n") + 1
+    bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
+    return keys, "2026-09-01|pine_belt"
+
+
+def test_a_bad_partition_of_a_ui_range_fails_alone(one_bad_partition: tuple[list[str], str],
+                                                    dagster_dev: Dagster) -> None:
+    """One range run of three partitions; the middle one's ingest fails. Its step names it and
+    asks Dagster for a retry, which stormlake's run coordinator turns into a run for each of the
+    other two (the range without the bad one is not consecutive). The backfill ends with that
+    one partition failed and the others published; the catalog has them materialized."""
+    d = dagster_dev
+    keys, bad = one_bad_partition
+    assert len(keys) == 3 and bad in keys
+    bf = _wait_backfill(d, _launch_backfill(d, keys, "e2e: one bad partition"))
+    assert bf["status"] in ("COMPLETED_FAILED", "FAILED"), (bf, d.tail())
+    runs = bf["runs"]
+    failed = [r for r in runs if r["status"] == "FAILURE"]
+    assert len(failed) == 1 and _run_keys(failed[0]) == keys, [(r["status"], _run_keys(r)) for r in runs]
+    assert json.loads(_tag(failed[0], "stormlake/failed_partitions") or "[]") == [bad]
+    good = [k for k in keys if k != bad]
+    rest = [r for r in runs if r["status"] != "FAILURE"]
+    assert all(r["status"] == "SUCCESS" for r in rest), [(r["status"], _run_keys(r)) for r in runs]
+    assert sorted(_run_keys(r) for r in rest) == [[k] for k in good], [_run_keys(r) for r in rest]
+    # The other runs re-execute the failed one from its failed step (ingest) on.
+    assert {_tag(r, "dagster/parent_run_id") for r in rest} == {failed[0]["id"]}
+    _check_warm_workers(runs)
+
+    status = _status(d.env)
+    tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in status["partitions"]}
+    assert tiers == {**{k: 4 for k in good}, bad: 0}, tiers
+    from resources.ledger import get_ledger
+
+    (ingest,) = query(get_ledger(os.environ["STORMLAKE_PG_DSN"]),
+        "SELECT status, error_message FROM checkpoints WHERE partition_key = %s AND phase = 'ingest'"
+        " AND superseded_at IS NULL", (bad,))
+    assert ingest["status"] == "FAILED" and "pine_belt/2026-09-01/weather.csv" in ingest["error_message"], ingest
+    with dg.DagsterInstance.get() as instance:
+        done = instance.get_materialized_partitions(dg.AssetKey("region_day_summary"))
+    assert sorted(done) == good, sorted(done)

@@ -61,6 +61,12 @@ PRIVATE = [
     ("dagster._core.storage.schedules.base", "ScheduleStorage.optimize", (), "mark_new_storage_migrated"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.initialize_concurrency_limit_to_default",
      ("concurrency_key",), "init_pool_limit"),
+    ("dagster._core.instance.instance", "DagsterInstance.create_run",
+     ("job_name", "run_id", "run_config", "status", "tags", "root_run_id", "parent_run_id", "step_keys_to_execute",
+      "execution_plan_snapshot", "job_snapshot", "parent_job_snapshot", "asset_selection", "asset_check_selection",
+      "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph"), "copy_run"),
+    ("dagster._core.instance.instance", "DagsterInstance.get_execution_plan_snapshot", ("snapshot_id",), "copy_run"),
+    ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
 ]
 
 

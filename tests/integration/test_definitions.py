@@ -14,6 +14,7 @@ import pytest
 
 from assets.phases import PHASES
 from assets.schemas import SCHEMAS, table_schema
+from resources.keys import MAX_PARTITIONS_PER_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = ("ingested_batch", "enriched_outages", "storm_correlation", "operational_picture")
@@ -78,7 +79,7 @@ def test_one_op_writes_every_table_of_a_phase(defs: dg.Definitions, phase) -> No
     assert set(asset.keys) == set(keys)
     assert not asset.can_subset  # one checkpoint covers all the phase's tables
     assert asset.op.pool == f"stormlake_{phase.name}"
-    assert asset.backfill_policy == dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+    assert asset.backfill_policy == dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN)
     assert asset.op.retry_policy is not None and asset.op.retry_policy.max_retries == 2
     # One blocking grader per phase, on its first table.
     graders = [s for s in asset.check_specs if s.name == "grader"]

@@ -1,0 +1,65 @@
+"""How a queued key range run is cut (``pipeline.range_runs.line_groups``): into ranges of
+consecutive partitions that all landed or all did not, without the failed ones, each a range
+Dagster can run (one day's regions or one region's days)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from pipeline.range_runs import line_groups
+from resources.keys import partition_key, split_partition_key
+
+REGIONS = ["r1", "r2", "r3", "r4", "r5"]
+
+
+def keys_of(days: list[str], regions: list[str]) -> list[str]:
+    """A rectangle's keys in Dagster's order (days, then regions)."""
+    return [partition_key(d, r) for d, r in itertools.product(days, regions)]
+
+
+def test_a_range_that_all_landed_stays_one() -> None:
+    keys = keys_of(["2026-09-01"], REGIONS)
+    assert line_groups(keys, lambda k: True) == [keys]
+
+
+def test_landed_and_not_landed_partitions_go_to_runs_of_their_own() -> None:
+    keys = keys_of(["2026-09-01"], REGIONS)
+    landed = {keys[0], keys[1], keys[4]}
+    assert line_groups(keys, lambda k: k in landed) == [keys[:2], keys[2:4], keys[4:]]
+
+
+def test_failed_partitions_are_left_out_and_cut_the_range() -> None:
+    keys = keys_of(["2026-09-01", "2026-09-02", "2026-09-03"], ["r2"])  # one region's days
+    assert line_groups(keys, lambda k: True, frozenset({keys[1]})) == [keys[:1], keys[2:]]
+    assert line_groups(keys, lambda k: True, frozenset({keys[0]})) == [keys[1:]]
+    assert line_groups(keys, lambda k: True, frozenset(keys)) == []
+
+
+def test_a_rectangle_is_cut_at_each_day() -> None:
+    keys = keys_of(["2026-09-01", "2026-09-02"], REGIONS[:3])
+    assert line_groups(keys, lambda k: True, frozenset({keys[1]})) == [keys[:1], keys[2:3], keys[3:]]
+
+
+def test_every_group_is_a_range_of_consecutive_kept_keys_of_one_kind() -> None:
+    """Random ranges, landings and failures: the groups hold every kept key once, in order; each
+    is consecutive in the range, of one kind, and a line (one day or one region)."""
+    rng = random.Random(7)
+    days = [f"2026-09-{d:02d}" for d in range(1, 9)]
+    for _ in range(2000):
+        d = rng.randint(1, 4)
+        r = rng.randint(1, 5)
+        d0, r0 = rng.randint(0, len(days) - d), rng.randint(0, len(REGIONS) - r)
+        keys = keys_of(days[d0:d0 + d], REGIONS[r0:r0 + r])
+        landed = {k for k in keys if rng.random() < 0.7}
+        skip = frozenset(k for k in keys if rng.random() < 0.15)
+        groups = line_groups(keys, landed.__contains__, skip)
+        flat = [k for g in groups for k in g]
+        assert flat == [k for k in keys if k not in skip]
+        for g in groups:
+            positions = [keys.index(k) for k in g]
+            assert positions == list(range(positions[0], positions[0] + len(g))), (keys, g)
+            assert len({k in landed for k in g}) == 1
+            g_days = {split_partition_key(k)[0] for k in g}
+            g_regions = {split_partition_key(k)[1] for k in g}
+            assert len(g_days) == 1 or len(g_regions) == 1, g
