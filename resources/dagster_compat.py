@@ -359,3 +359,31 @@ def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun
         job_code_origin=run.job_code_origin,
         asset_graph=workspace.asset_graph,  # type: ignore[attr-defined]
     )
+
+
+def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether the run queue would start ``run`` now: no run waits in it, fewer runs are active
+    than the instance's ``concurrency.runs.max_concurrent_runs``, and none of its
+    ``tag_concurrency_limits`` blocks the run.
+
+    stormlake's run coordinator starts such a run at once instead of queuing it for the queue
+    daemon's next look (``pipeline.launcher``). The limits are the instance's run queue config
+    (``get_concurrency_config``, which merges ``dagster.yaml``'s ``concurrency`` section into the
+    coordinator's); the tag limits are counted by the queue daemon's own
+    ``dagster._utils.tags.TagConcurrencyLimitsCounter`` over the active runs
+    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``). Dagster has no public call that
+    asks the queue whether a run would start.
+    """
+    import dagster as dg
+    from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    config = instance.get_concurrency_config().run_queue_config
+    if config is None:
+        return False
+    if instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])) > 0:
+        return False
+    active = list(instance.get_runs(dg.RunsFilter(statuses=list(ACTIVE_RUN_STATUSES))))
+    if 0 <= config.max_concurrent_runs <= len(active):
+        return False
+    return not TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run)

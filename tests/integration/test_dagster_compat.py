@@ -67,6 +67,9 @@ PRIVATE = [
       "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph"), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_execution_plan_snapshot", ("snapshot_id",), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
+    ("dagster._core.storage.dagster_run", "ACTIVE_RUN_STATUSES", None, "queue_has_room"),
+    ("dagster._utils.tags", "TagConcurrencyLimitsCounter.is_blocked", ("item",), "queue_has_room"),
+    ("dagster._core.instance.instance", "DagsterInstance.get_concurrency_config", (), "queue_has_room"),
 ]
 
 
@@ -181,6 +184,58 @@ def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.Dag
     assert [e.message for e in failures] == ["its process died"], _fail("the failure message is lost", "fail_dead_run")
     assert run.run_id not in instance.event_log_storage.get_concurrency_info(pool).active_run_ids, _fail(
         "the dead run still holds its pool slot", "fail_dead_run")
+
+
+def test_queue_has_room_follows_the_instance_s_run_limits(instance: dg.DagsterInstance) -> None:
+    """stormlake's dagster.yaml: at most 4 runs, 2 of them of backfills (``dagster/backfill``)."""
+    @dg.asset
+    def one() -> None:
+        return None
+
+    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+
+    def run(status: dg.DagsterRunStatus, **tags: str) -> dg.DagsterRun:
+        return instance.create_run_for_job(job, status=status, tags=tags)
+
+    backfill = {"dagster/backfill": "b1"}
+    candidate = run(dg.DagsterRunStatus.NOT_STARTED, **backfill)
+    assert compat.queue_has_room(instance, candidate), _fail("an empty queue has no room", "queue_has_room")
+    run(dg.DagsterRunStatus.STARTED, **backfill)
+    assert compat.queue_has_room(instance, candidate)
+    run(dg.DagsterRunStatus.STARTING, **backfill)
+    assert not compat.queue_has_room(instance, candidate), _fail(
+        "the tag limit of dagster/backfill (2) does not count starting and started runs", "queue_has_room")
+    other = run(dg.DagsterRunStatus.NOT_STARTED)
+    assert compat.queue_has_room(instance, other)  # a run of no backfill: 2 of 4 runs taken
+    run(dg.DagsterRunStatus.STARTED)
+    run(dg.DagsterRunStatus.CANCELING)
+    assert not compat.queue_has_room(instance, other), _fail("max_concurrent_runs (4) is not counted", "queue_has_room")
+
+
+def test_a_waiting_run_keeps_the_queue_in_order(instance: dg.DagsterInstance) -> None:
+    @dg.asset
+    def one() -> None:
+        return None
+
+    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    candidate = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
+    assert compat.queue_has_room(instance, candidate)
+    from dagster._core.remote_origin import (
+        InProcessCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    origin = RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(code_location_origin=InProcessCodeLocationOrigin(
+        loadable_target_origin=LoadableTargetOrigin(module_name="j")), repository_name="r"), job_name="j")
+    waiting = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED, remote_job_origin=origin)
+    instance.report_dagster_event(dg.DagsterEvent(dg.DagsterEventType.PIPELINE_ENQUEUED.value, job_name="j"),
+                                  run_id=waiting.run_id)  # the queue's own event: the run is QUEUED
+    record = instance.get_run_record_by_id(waiting.run_id)
+    assert record is not None and record.dagster_run.status == dg.DagsterRunStatus.QUEUED
+    assert not compat.queue_has_room(instance, candidate), _fail(
+        "a run that waits in the queue does not keep a new one from starting first", "queue_has_room")
 
 
 def _idle_connections(admin_dsn: str, database: str) -> int:
