@@ -306,9 +306,12 @@ def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[
     A failed step fails the run's later steps for every partition of its range. The CLI runs
     the range's other partitions again without the failed ones (``pipeline.orchestrate``); a
     run from the queue (a UI backfill, ``dg launch``) asks for the same through Dagster's run
-    retries: its tags name the failed partitions (``FAILED_PARTITIONS_TAG``) and allow one more
-    retry of its run group on a step failure (the documented ``dagster/max_retries`` and
-    ``dagster/retry_on_asset_or_op_failure`` tags; the instance retries only crashed runs).
+    retries: its tags name the failed partitions (``FAILED_PARTITIONS_TAG``) and allow a retry
+    on a step failure (the documented ``dagster/retry_on_asset_or_op_failure`` tag; the instance
+    retries only crashed runs) while its run group is not much bigger than now
+    (``dagster/max_retries``: Dagster counts a group's runs when the run fails, and a range's
+    other runs may have failed and been retried meanwhile; each retry leaves at least one
+    failed partition out, so the retries of a range end).
     The retry, from the failed step on, reaches stormlake's run coordinator, which turns it
     into runs over the range's other partitions (``pipeline.range_runs``); a backfill waits
     for them and ends with only the failed partitions failed. A run that still holds a
@@ -330,7 +333,7 @@ def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[
     instance.add_run_tags(context.run_id, {
         FAILED_PARTITIONS_TAG: json.dumps(failed),
         "dagster/retry_on_asset_or_op_failure": "true",
-        "dagster/max_retries": str(runs_in_group),  # retried while the group has at most this many runs
+        "dagster/max_retries": str(runs_in_group + MAX_PARTITIONS_PER_RUN),
     })
 
 

@@ -15,8 +15,10 @@ Run, event-log and schedule storage live on the same PostgreSQL server as the le
 Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``STORMLAKE_WORKERS`` of them
 from backfills: the same number of processes a CLI backfill runs at once), every phase writes through a concurrency pool of its own, and runs whose
 worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
-not retried by the daemon: transient step errors already have the assets' retry policy, and a
-failed grader or bad input would only fail again.
+not retried by the daemon (transient step errors already have the assets' retry policy, and a
+failed grader or bad input would only fail again), except a key range run whose phase failed
+for some of its partitions only: its step asks for a retry, which the run coordinator turns
+into runs over the range's other partitions (``pipeline.range_runs``).
 
 Dagster's own CLI finds this instance through ``DAGSTER_HOME``. ``dg dev``, ``dg launch``, ``dg
 check defs``, ``dg list defs`` (and ``dagster ...``) read the ``.env`` of the folder they run in

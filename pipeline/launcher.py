@@ -129,27 +129,44 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         """Queue the run, cut first into runs of one kind of work when it is a key range that
         mixes partitions that landed with some that did not, or the retry of a range whose phase
-        failed for some partitions (:mod:`pipeline.range_runs`). The copies are queued right
-        after it, in the same backfill."""
+        failed for some partitions (:mod:`pipeline.range_runs`). The copies are submitted right
+        after it, in the same backfill, each on its own: a copy that cannot be submitted is
+        failed (its partitions then count as failed in the backfill, which does not wait for it
+        forever), and the others still go."""
+        from assets.phases import PHASES
         from pipeline.range_runs import cut
         from resources.landing import Landing
         from resources.settings import load_settings
 
-        runs = cut(self._instance, context.workspace, context.dagster_run, Landing(load_settings().landing))
-        submitted = [self._submit_one(run, context.workspace) for run in runs]
-        return submitted[0]
+        pools = [phase.pool for phase in PHASES]
+        first, *copies = cut(self._instance, context.workspace, context.dagster_run, Landing(load_settings().landing))
+        try:
+            return self._submit_one(first, context.workspace, pools)
+        finally:
+            for copy in copies:
+                try:
+                    self._submit_one(copy, context.workspace, pools)
+                except (dg.DagsterError, OSError) as exc:
+                    latest = self._instance.get_run_by_id(copy.run_id) or copy
+                    if not latest.is_finished:
+                        self._instance.report_run_failed(latest, f"stormlake: the run could not be submitted: {exc}")
 
-    def _submit_one(self, run: dg.DagsterRun, workspace: Any) -> dg.DagsterRun:
-        """Start the run now when the queue would start it on its next look (nothing queued, room
-        under every limit), else queue it. The queue daemon looks every second at best and its
-        loop waits in steps of half a second, so a backfill's first runs used to wait 1-1.5 s in
-        an empty queue. The check and the launch hold a lock, so the backfill daemon's submitting
-        threads cannot both take the last slot; the webserver, another process, could (its
-        single runs are rare next to a backfill's), and then one run more than the limit runs."""
-        with self._launch_lock:
-            if run.status == dg.DagsterRunStatus.NOT_STARTED and dagster_compat.queue_has_room(self._instance, run):
-                self._instance.launch_run(run.run_id, workspace)
-                return self._instance.get_run_by_id(run.run_id) or run
+    def _submit_one(self, run: dg.DagsterRun, workspace: Any, pools: list[str]) -> dg.DagsterRun:
+        """In the daemon, start the run now when the queue would start it on its next look
+        (nothing queued, room under the run limits and in the phases' pools), else queue it.
+
+        The queue daemon looks every second at best and its loop waits in steps of half a second,
+        so a backfill's first runs waited 1-1.5 s each in an empty queue. The check and the launch
+        hold a lock, so the backfill daemon's submitting threads cannot both take the last slot.
+        The queue daemon may still launch a run that was queued just before the check, so one run
+        more than a limit can start now and then. The webserver and ``dg launch`` queue their runs
+        as before: a direct launch there would start a warm process in the webserver."""
+        if in_daemon():
+            with self._launch_lock:
+                if run.status == dg.DagsterRunStatus.NOT_STARTED and dagster_compat.queue_has_room(
+                        self._instance, run, pools):
+                    self._instance.launch_run(run.run_id, workspace)
+                    return self._instance.get_run_by_id(run.run_id) or run
         return super().submit_run(dg.SubmitRunContext(run, workspace))
 
     @classmethod

@@ -26,6 +26,7 @@ key range of stormlake's partitions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -38,10 +39,14 @@ if TYPE_CHECKING:
     from resources.landing import Landing
 
 RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
-# Dagster's documented run tags: the run a re-execution re-executes, and whether a run is
-# retried when a step fails.
+# Dagster's run tags: the run a re-execution re-executes, the automatic retry a failed run got,
+# and the documented tags of run retries.
 PARENT_RUN_TAG = "dagster/parent_run_id"
+AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+MAX_RETRIES_TAG = "dagster/max_retries"
+#: The copies a cut range run was given (a JSON list of run ids), on the run itself.
+COPIES_TAG = "stormlake/range_copies"
 
 
 def line_groups(keys: Sequence[str], landed: Callable[[str], bool], skip: frozenset[str] = frozenset()) -> list[list[str]]:
@@ -71,10 +76,14 @@ def line_groups(keys: Sequence[str], landed: Callable[[str], bool], skip: frozen
 
 
 def failed_in_parent(instance: dg.DagsterInstance, run: dg.DagsterRun) -> frozenset[str]:
-    """The partitions the run's parent (the run it re-executes) named as failed, if any."""
+    """The partitions the run's parent named as failed, when the run is Dagster's automatic retry
+    of it (the parent's ``dagster/auto_retry_run_id``). A re-execution a person launches ("Re-execute
+    from failure", once the bad file is mended) runs every partition of its range again."""
     parent_id = run.tags.get(PARENT_RUN_TAG)
     parent = instance.get_run_by_id(parent_id) if parent_id else None
-    return failed_partitions(parent.tags) if parent is not None else frozenset()
+    if parent is None or parent.tags.get(AUTO_RETRY_TAG) != run.run_id:
+        return frozenset()
+    return failed_partitions(parent.tags)
 
 
 def range_keys(run: dg.DagsterRun) -> list[str] | None:
@@ -90,7 +99,19 @@ def range_keys(run: dg.DagsterRun) -> list[str] | None:
 
 
 def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, landing: Landing) -> list[dg.DagsterRun]:
-    """The runs to submit for ``run``: itself, or itself over its first group and a copy for each other."""
+    """The runs to submit for ``run``: itself, or itself over its first group and a copy for each other.
+
+    Only a run not started yet is cut. The copies' ids are kept on the run (:data:`COPIES_TAG`),
+    so a submission that is made again (the daemon stopped between the cut and the submissions)
+    submits the copies that are still waiting instead of cutting again. A copy that cannot be
+    made leaves the run uncut (the copies made so far are deleted): it then runs as Dagster
+    planned it.
+    """
+    if run.status != dg.DagsterRunStatus.NOT_STARTED:
+        return [run]
+    if run.tags.get(COPIES_TAG):
+        waiting = [instance.get_run_by_id(run_id) for run_id in json.loads(run.tags[COPIES_TAG])]
+        return [run, *(r for r in waiting if r is not None and r.status == dg.DagsterRunStatus.NOT_STARTED)]
     keys = range_keys(run)
     if keys is None:
         return [run]
@@ -100,18 +121,33 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
         return landing.has_partition_files(region_id, day)
 
     skip = failed_in_parent(instance, run)
-    # A retry carries its parent's tags: the failed partitions, and the retry on a step failure
-    # that the parent's step asked for. Neither holds for the retry's own runs.
-    inherited = {FAILED_PARTITIONS_TAG: "", RETRY_ON_FAILURE_TAG: "false"} if skip else {}
     groups = line_groups(keys, landed, skip)
-    if not groups or (len(groups) == 1 and groups[0] == keys):
+    cut_needed = len(groups) > 1 or (len(groups) == 1 and groups[0] != keys)
+    inherited: dict[str, str] = {}
+    if skip:
+        # A retry carries its parent's tags: the failed partitions, the retry on a step failure
+        # the parent's step asked for, and a retry limit counted for the parent's run group.
+        # None holds for the retry's runs; they keep the instance's retries of a crashed run.
+        group = instance.get_run_group(run.run_id)
+        runs_in_group = (len(group[1]) if group else 1) + max(0, len(groups) - 1)
+        inherited = {FAILED_PARTITIONS_TAG: "", RETRY_ON_FAILURE_TAG: "false",
+                     MAX_RETRIES_TAG: str(runs_in_group + instance.run_retries_max_retries)}
+    if not cut_needed:
         if inherited:
             instance.add_run_tags(run.run_id, inherited)
         return [run]
     first, *rest = groups
-    instance.add_run_tags(run.run_id, {RANGE_START_TAG: first[0], RANGE_END_TAG: first[-1], **inherited})
-    runs = [instance.get_run_by_id(run.run_id) or run]
-    for group in rest:
-        tags = {**run.tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1], **inherited}
-        runs.append(dagster_compat.copy_run(instance, workspace, run, tags))
-    return runs
+    copies: list[dg.DagsterRun] = []
+    try:
+        for group_keys in rest:
+            tags = {**run.tags, RANGE_START_TAG: group_keys[0], RANGE_END_TAG: group_keys[-1], **inherited}
+            copies.append(dagster_compat.copy_run(instance, workspace, run, tags))
+    except (dg.DagsterError, ValueError) as exc:
+        for copy in copies:
+            instance.delete_run(copy.run_id)
+        instance.report_engine_event(f"stormlake: the range was not cut ({exc.__class__.__name__}: {exc}); "
+                                     "it runs as planned", run)
+        return [run]
+    instance.add_run_tags(run.run_id, {RANGE_START_TAG: first[0], RANGE_END_TAG: first[-1], **inherited,
+                                       COPIES_TAG: json.dumps([c.run_id for c in copies])})
+    return [instance.get_run_by_id(run.run_id) or run, *copies]

@@ -361,18 +361,23 @@ def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun
     )
 
 
-def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun, pools: Iterable[str] = ()) -> bool:
     """Whether the run queue would start ``run`` now: no run waits in it, fewer runs are active
-    than the instance's ``concurrency.runs.max_concurrent_runs``, and none of its
-    ``tag_concurrency_limits`` blocks the run.
+    than the instance's ``concurrency.runs.max_concurrent_runs``, none of its
+    ``tag_concurrency_limits`` blocks the run, and none of ``pools`` (the pools of the run's
+    ops) has all its slots claimed or waited for.
 
     stormlake's run coordinator starts such a run at once instead of queuing it for the queue
     daemon's next look (``pipeline.launcher``). The limits are the instance's run queue config
     (``get_concurrency_config``, which merges ``dagster.yaml``'s ``concurrency`` section into the
     coordinator's); the tag limits are counted by the queue daemon's own
     ``dagster._utils.tags.TagConcurrencyLimitsCounter`` over the active runs
-    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``). Dagster has no public call that
-    asks the queue whether a run would start.
+    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``); a pool's slots are its
+    ``ConcurrencyKeyInfo``. This is stricter than the queue about pools (it blocks a run on any
+    full pool of its ops, the queue on the pools of its first steps only) and leaves the queue's
+    other checks (paused code locations, retries of an unreachable one) to the queue: a run it
+    does not start is queued as usual. Dagster has no public call that asks the queue whether a
+    run would start.
     """
     import dagster as dg
     from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
@@ -386,4 +391,10 @@ def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     active = list(instance.get_runs(dg.RunsFilter(statuses=list(ACTIVE_RUN_STATUSES))))
     if 0 <= config.max_concurrent_runs <= len(active):
         return False
-    return not TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run)
+    if TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run):
+        return False
+    for pool in pools:
+        info = instance.event_log_storage.get_concurrency_info(pool)
+        if info.slot_count and info.active_slot_count + info.pending_step_count >= info.slot_count:
+            return False
+    return True

@@ -181,3 +181,49 @@ def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
             _wait_gone(pid)
         finally:
             warm.dispose()
+
+
+def _job() -> dg.JobDefinition:
+    @dg.asset
+    def one() -> None:
+        return None
+
+    return dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+
+
+def test_only_dagster_s_own_retry_leaves_the_failed_partitions_out(instance) -> None:  # noqa: ANN001
+    """A range run's automatic retry runs without the partitions its parent named as failed; a
+    re-execution a person launches (the bad file mended) runs them all again."""
+    import json
+
+    from pipeline.range_runs import failed_in_parent
+    from resources.keys import FAILED_PARTITIONS_TAG
+
+    job = _job()
+    failed = ["2026-09-01|pine_belt"]
+    parent = instance.create_run_for_job(job, status=dg.DagsterRunStatus.FAILURE,
+                                         tags={FAILED_PARTITIONS_TAG: json.dumps(failed)})
+    family = {"dagster/parent_run_id": parent.run_id, "dagster/root_run_id": parent.run_id}
+    retry = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED, tags=family,
+                                        root_run_id=parent.run_id, parent_run_id=parent.run_id)
+    manual = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED, tags=family,
+                                         root_run_id=parent.run_id, parent_run_id=parent.run_id)
+    instance.add_run_tags(parent.run_id, {"dagster/auto_retry_run_id": retry.run_id})
+    assert failed_in_parent(instance, retry) == frozenset(failed)
+    assert failed_in_parent(instance, manual) == frozenset()
+
+
+def test_a_full_pool_keeps_a_run_in_the_queue(instance) -> None:  # noqa: ANN001
+    """The coordinator starts a run at once only when none of the phases' pools is full."""
+    job = _job()
+    pool = "stormlake_ingest"
+    instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
+    limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
+    assert limit > 0
+    candidate = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
+    assert dagster_compat.queue_has_room(instance, candidate, [pool])
+    holders = [instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED) for _ in range(limit)]
+    for holder in holders:
+        instance.event_log_storage.claim_concurrency_slot(pool, holder.run_id, "one")
+    assert not dagster_compat.queue_has_room(instance, candidate, [pool])
+    assert dagster_compat.queue_has_room(instance, candidate, [])  # the run limits alone have room (2 of 4)
