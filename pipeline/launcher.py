@@ -39,8 +39,8 @@ some of its partitions (:mod:`pipeline.range_runs`). And a run that the queue wo
 its next look (nothing waits in it, room under every limit of ``dagster.yaml``'s
 ``concurrency`` section) starts at once instead: the queue daemon looks every second at best,
 and its loop waits in steps of half a second, so each of a backfill's first runs waited 1-1.5 s
-in an empty queue (``stormlake bench --ui``, 20 partitions in four ranges of five: 10.4-12.4 s
-before, 9.9-10.9 s after, the CLI taking 7.0-7.9 s).
+in an empty queue (``stormlake bench --ui``, 20 partitions in four ranges of five, three
+turns each: 10.4-12.4 s before, 9.9-10.4 s after, the CLI taking 7.0-7.9 s).
 """
 
 from __future__ import annotations
