@@ -19,6 +19,7 @@ from psycopg import sql
 
 from resources import dagster_compat as compat
 from resources.pgserver import with_database
+from tests.dagster_jobs import one_asset_job
 
 VERSION = dg.__version__
 
@@ -166,11 +167,7 @@ def test_refresh_input_version_points_the_materialization_at_the_step_s_own_obse
 
 
 def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.DagsterInstance) -> None:
-    @dg.asset
-    def one() -> None:
-        return None
-
-    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    job = one_asset_job()
     run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
     pool = "stormlake_ingest"
     instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "one")
@@ -188,11 +185,7 @@ def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.Dag
 
 def test_queue_has_room_follows_the_instance_s_run_limits(instance: dg.DagsterInstance) -> None:
     """stormlake's dagster.yaml: at most 4 runs, 2 of them of backfills (``dagster/backfill``)."""
-    @dg.asset
-    def one() -> None:
-        return None
-
-    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    job = one_asset_job()
 
     def run(status: dg.DagsterRunStatus, **tags: str) -> dg.DagsterRun:
         return instance.create_run_for_job(job, status=status, tags=tags)
@@ -213,11 +206,7 @@ def test_queue_has_room_follows_the_instance_s_run_limits(instance: dg.DagsterIn
 
 
 def test_a_waiting_run_keeps_the_queue_in_order(instance: dg.DagsterInstance) -> None:
-    @dg.asset
-    def one() -> None:
-        return None
-
-    job = dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    job = one_asset_job()
     candidate = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
     assert compat.queue_has_room(instance, candidate)
     from dagster._core.remote_origin import (

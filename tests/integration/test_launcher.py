@@ -21,6 +21,7 @@ import dagster as dg
 import pytest
 
 from resources import dagster_compat
+from tests.dagster_jobs import one_asset_job
 
 HANG_GUARD_S = 120  # a deadline against hanging forever, not a performance assertion
 
@@ -183,14 +184,6 @@ def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
             warm.dispose()
 
 
-def _job() -> dg.JobDefinition:
-    @dg.asset
-    def one() -> None:
-        return None
-
-    return dg.Definitions(assets=[one], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
-
-
 def test_only_dagster_s_own_retry_leaves_the_failed_partitions_out(instance) -> None:  # noqa: ANN001
     """A range run's automatic retry runs without the partitions its parent named as failed; a
     re-execution a person launches (the bad file mended) runs them all again."""
@@ -199,7 +192,7 @@ def test_only_dagster_s_own_retry_leaves_the_failed_partitions_out(instance) -> 
     from pipeline.range_runs import failed_in_parent
     from resources.keys import FAILED_PARTITIONS_TAG
 
-    job = _job()
+    job = one_asset_job()
     failed = ["2026-09-01|pine_belt"]
     parent = instance.create_run_for_job(job, status=dg.DagsterRunStatus.FAILURE,
                                          tags={FAILED_PARTITIONS_TAG: json.dumps(failed)})
@@ -215,7 +208,7 @@ def test_only_dagster_s_own_retry_leaves_the_failed_partitions_out(instance) -> 
 
 def test_a_full_pool_keeps_a_run_in_the_queue(instance) -> None:  # noqa: ANN001
     """The coordinator starts a run at once only when none of the phases' pools is full."""
-    job = _job()
+    job = one_asset_job()
     pool = "stormlake_ingest"
     instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
     limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
