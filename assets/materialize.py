@@ -217,8 +217,8 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         return
     runner, outcomes, failures = _run_step(context, phase, compute, grader, ledger=ledger, lake=lake,
                                            landing=landing, publisher=publisher)
-    if len(failures) == 1 and not outcomes and isinstance(failures[0][1], DeadLettered):
-        yield from _dead_lettered(context, phase, failures[0][1])
+    if failures and not outcomes and all(isinstance(exc, DeadLettered) for _, exc in failures):
+        yield from _dead_lettered(context, phase, [exc for _, exc in failures])
         return
     if failures:
         _ask_for_regrouping(context, failures)
@@ -256,18 +256,28 @@ def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.
                               metadata={"landed": False})
 
 
-def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase, exc: DeadLettered) -> Iterator[dg.AssetCheckResult]:
-    """The step's one result for a dead-lettered partition: skipped, its grader saying why in one line.
+def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase,
+                   refusals: list[DeadLettered]) -> Iterator[dg.AssetCheckResult]:
+    """The step's one result when every partition of it is dead-lettered: skipped, its grader
+    saying why in one line.
 
     No attempt is made and no table is materialized, so the later phases' steps are skipped and
     the run ends without a failure: backfills, schedule ticks, sensor requests and UI runs all
-    pass over it until ``stormlake release``.
+    pass over such partitions until ``stormlake release``. (A UI backfill's range is cut before
+    it runs so that its dead-lettered partitions are a range of their own, ``pipeline.range_runs``.)
     """
-    line = str(exc)
-    context.log.warning(f"skipped: {line}")
+    lines = [str(exc) for exc in refusals]
+    for line in lines:
+        context.log.warning(f"skipped: {line}")
+    keys = list(context.partition_keys)
+    if len(lines) == 1:
+        description = f"skipped: {lines[0]}"
+    else:
+        description = f"skipped {len(lines)} dead-lettered partitions ({keys[0]} .. {keys[-1]}); the first: {lines[0]}"
     yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=False,
-                              severity=dg.AssetCheckSeverity.WARN, description=f"skipped: {line}",
-                              metadata={"dead_lettered": True, "partition": context.partition_keys[0]})
+                              severity=dg.AssetCheckSeverity.WARN, description=description,
+                              metadata={"dead_lettered": True, "partition": keys[0],
+                                        "partitions": dg.MetadataValue.json(keys)})
 
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,

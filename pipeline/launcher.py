@@ -56,7 +56,7 @@ import threading
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -66,6 +66,9 @@ from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLa
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from resources import dagster_compat
+
+if TYPE_CHECKING:
+    from resources.settings import Settings
 
 PID_TAG = "stormlake/run_worker_pid"
 HOST_TAG = "stormlake/run_worker_host"
@@ -139,7 +142,9 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         from resources.settings import load_settings
 
         pools = [phase.pool for phase in PHASES]
-        first, *copies = cut(self._instance, context.workspace, context.dagster_run, Landing(load_settings().landing))
+        settings = load_settings()
+        first, *copies = cut(self._instance, context.workspace, context.dagster_run, Landing(settings.landing),
+                             lambda keys: dead_lettered(settings, keys))
         try:
             return self._submit_one(first, context.workspace, pools)
         finally:
@@ -174,6 +179,19 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         config = dict(config_value)
         interval = config.pop("backfill_interval_seconds", DEFAULT_BACKFILL_INTERVAL_S)
         return cls(backfill_interval_seconds=interval, inst_data=inst_data, **config)
+
+
+def dead_lettered(settings: Settings, keys: list[str]) -> set[str]:
+    """Of ``keys``, the partitions with a head checkpoint that failed ``dead_letter_after`` times
+    (none when the ledger cannot be read: the cut is then by landing files only)."""
+    from resources.errors import StormlakeError
+    from resources.ledger_resource import LedgerResource
+
+    try:
+        heads = LedgerResource(dsn=settings.pg_dsn or "", pgdata=str(settings.pgdata)).get().heads(keys)
+    except StormlakeError:
+        return set()
+    return {cp.partition_key for cp in heads if cp.status == "FAILED" and cp.failures >= settings.dead_letter_after}
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):

@@ -5,10 +5,13 @@ assets' backfill policy), cut by Dagster from the selection: one day's regions, 
 days. Two things must not happen to such a range, and :func:`cut` prevents them when the run
 reaches the run queue (stormlake's run coordinator, :mod:`pipeline.launcher`):
 
-- **Partitions that have not landed next to ones that have.** A step over a range materializes
-  all of its partitions or none, so a range of both cannot pass over the ones without files (a
-  run over only those ends successfully with nothing read or written). Such a range becomes
-  runs of consecutive partitions that all landed or all did not.
+- **Partitions that have not landed, or are dead-lettered, next to ones to run.** A step over a
+  range materializes all of its partitions or none, so a range of both cannot pass over the
+  ones without files or the dead-lettered ones (a run over only those ends successfully with
+  nothing read or written, saying why). Such a range becomes runs of consecutive partitions of
+  one kind. A partition counts as dead-lettered here when one of its head checkpoints failed
+  ``STORMLAKE_DEAD_LETTER_AFTER`` times; whether that holds for its current inputs is the
+  step's to say, so a wrong guess costs a smaller run, nothing else.
 - **A failure that costs the range.** A phase that fails for one partition fails the run's
   later steps for every partition of the range. The failing step names its failed partitions
   and asks Dagster to retry the run (``assets.materialize``); the retry (from the failed step
@@ -27,7 +30,7 @@ key range of stormlake's partitions.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -49,25 +52,27 @@ MAX_RETRIES_TAG = "dagster/max_retries"
 COPIES_TAG = "stormlake/range_copies"
 
 
-def line_groups(keys: Sequence[str], landed: Callable[[str], bool], skip: frozenset[str] = frozenset()) -> list[list[str]]:
+def line_groups(keys: Sequence[str], kind: Callable[[str], Hashable],
+                skip: frozenset[str] = frozenset()) -> list[list[str]]:
     """``keys`` (a key range in Dagster's order: days, then regions) without ``skip``, cut into
-    groups of consecutive keys that all landed or all did not, each a range of its own.
+    groups of consecutive keys of one ``kind`` (landed or not, dead-lettered or not), each a
+    range of its own.
 
-    A range over one day or one region is a line, cut where a skipped key is or where
-    ``landed`` changes; a range over several days and regions is cut at each day as well, so that
-    every group is a range of one day's regions or one region's days.
+    A range over one day or one region is a line, cut where a skipped key is or where the kind
+    changes; a range over several days and regions is cut at each day as well, so that every
+    group is a range of one day's regions or one region's days.
     """
     days = {split_partition_key(k)[0] for k in keys}
     regions = {split_partition_key(k)[1] for k in keys}
     by_day = len(days) > 1 and len(regions) > 1
     groups: list[list[str]] = []
-    last: tuple[str, bool] | None = None  # (day, landed) of the previous key kept, while consecutive
+    last: tuple[str, Hashable] | None = None  # (day, kind) of the previous key kept, while consecutive
     for key in keys:
         if key in skip:
             last = None
             continue
         day = split_partition_key(key)[0] if by_day else ""
-        state = (day, landed(key))
+        state = (day, kind(key))
         if state != last:
             groups.append([])
         groups[-1].append(key)
@@ -98,7 +103,8 @@ def range_keys(run: dg.DagsterRun) -> list[str] | None:
     return [str(k) for k in PARTITIONS.get_partition_keys_in_range(dg.PartitionKeyRange(start, end))]
 
 
-def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, landing: Landing) -> list[dg.DagsterRun]:
+def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, landing: Landing,
+        dead_letters: Callable[[list[str]], set[str]]) -> list[dg.DagsterRun]:
     """The runs to submit for ``run``: itself, or itself over its first group and a copy for each other.
 
     Only a run not started yet is cut. The copies' ids are kept on the run (:data:`COPIES_TAG`),
@@ -116,12 +122,16 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
     if keys is None:
         return [run]
 
-    def landed(key: str) -> bool:
+    dead = dead_letters(keys)
+
+    def kind(key: str) -> str:
         day, region_id = split_partition_key(key)
-        return landing.has_partition_files(region_id, day)
+        if not landing.has_partition_files(region_id, day):
+            return "not landed"
+        return "dead-lettered" if key in dead else "to run"
 
     skip = failed_in_parent(instance, run)
-    groups = line_groups(keys, landed, skip)
+    groups = line_groups(keys, kind, skip)
     cut_needed = len(groups) > 1 or (len(groups) == 1 and groups[0] != keys)
     inherited: dict[str, str] = {}
     if skip:

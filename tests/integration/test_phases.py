@@ -674,6 +674,40 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
     assert (head.attempt, head.failures) == (limit + 1, 1)
 
 
+def test_a_range_of_dead_lettered_partitions_is_passed_over(sl_env: dict[str, str], ledger: Ledger) -> None:
+    """A key range run (as a UI backfill's) whose partitions are all dead-lettered ends without a
+    failure, its grader saying so in one line; one with a healthy partition beside a dead-lettered
+    one fails, after the healthy one's phase completed (the run coordinator keeps such ranges
+    apart, pipeline.range_runs)."""
+    from resources.dagster_compat import partition_range_tags
+
+    start_tag, end_tag = partition_range_tags()
+    limit = load_settings().dead_letter_after
+    keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
+    for key in keys:
+        _drop_outages_column(landing_file(sl_env, "outages.csv", key))
+    both = {start_tag: keys[0], end_tag: keys[1]}
+    for _ in range(limit):
+        assert not materialize(None, tags=both).success
+    refused = materialize(None, tags=both)
+    assert refused.success
+    assert [e for e in refused.all_events if e.is_step_materialization] == []
+    [check] = [c for c in refused.get_asset_check_evaluations() if c.check_name == "grader"]
+    assert not check.passed and check.metadata["dead_lettered"].value is True
+    assert check.description.startswith("skipped 2 dead-lettered partitions") and "\n" not in check.description
+    assert {(cp.partition_key, cp.failures) for cp in ledger.heads(keys)} == {(k, limit) for k in keys}
+    # What the run coordinator keeps apart when it cuts a UI backfill's range.
+    from pipeline.launcher import dead_lettered
+
+    assert dead_lettered(load_settings(), [*keys, "2026-09-02|pine_belt"]) == set(keys)
+
+    mixed = {start_tag: "2026-09-01|pine_belt", end_tag: "2026-09-02|pine_belt"}  # one region's two days
+    result = materialize(None, tags=mixed)
+    assert not result.success
+    assert "dead-lettered" in failure_descriptions(result)[0]
+    assert [cp.status for cp in ledger.heads(["2026-09-02|pine_belt"]) if cp.phase == "ingest"] == ["COMPLETED"]
+
+
 def test_a_transient_failure_does_not_count_toward_the_dead_letter_limit(sl_env: dict[str, str],
                                                                          ledger: Ledger) -> None:
     args = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="ingest", input_hash="h" * 64,

@@ -1,6 +1,6 @@
 """How a queued key range run is cut (``pipeline.range_runs.line_groups``): into ranges of
-consecutive partitions that all landed or all did not, without the failed ones, each a range
-Dagster can run (one day's regions or one region's days)."""
+consecutive partitions of one kind (landed or not, dead-lettered or not), without the failed
+ones, each a range Dagster can run (one day's regions or one region's days)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def test_landed_and_not_landed_partitions_go_to_runs_of_their_own() -> None:
     keys = keys_of(["2026-09-01"], REGIONS)
     landed = {keys[0], keys[1], keys[4]}
     assert line_groups(keys, lambda k: k in landed) == [keys[:2], keys[2:4], keys[4:]]
+
+
+def test_dead_lettered_partitions_go_to_runs_of_their_own() -> None:
+    keys = keys_of(["2026-09-01"], REGIONS)
+    kinds = {keys[0]: "to run", keys[1]: "dead-lettered", keys[2]: "dead-lettered", keys[3]: "to run",
+             keys[4]: "not landed"}
+    assert line_groups(keys, kinds.__getitem__) == [keys[:1], keys[1:3], keys[3:4], keys[4:]]
 
 
 def test_failed_partitions_are_left_out_and_cut_the_range() -> None:
