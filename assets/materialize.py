@@ -276,8 +276,8 @@ def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase,
         description = f"skipped {len(lines)} dead-lettered partitions ({keys[0]} .. {keys[-1]}); the first: {lines[0]}"
     yield dg.AssetCheckResult(check_name="grader", asset_key=grader_key(phase), passed=False,
                               severity=dg.AssetCheckSeverity.WARN, description=description,
-                              metadata={"dead_lettered": True, "partition": keys[0],
-                                        "partitions": dg.MetadataValue.json(keys)})
+                              metadata={"dead_lettered": True, **({"partition": keys[0]} if len(keys) == 1 else
+                                                                  {"partitions": dg.MetadataValue.json(keys)})})
 
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,

@@ -131,8 +131,8 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         """Queue the run, cut first into runs of one kind of work when it is a key range that
-        mixes partitions that landed with some that did not, or the retry of a range whose phase
-        failed for some partitions (:mod:`pipeline.range_runs`). The copies are submitted right
+        mixes partitions to run with some that have not landed or are dead-lettered, or the
+        retry of a range whose phase failed for some partitions (:mod:`pipeline.range_runs`). The copies are submitted right
         after it, in the same backfill, each on its own: a copy that cannot be submitted is
         failed (its partitions then count as failed in the backfill, which does not wait for it
         forever), and the others still go."""
@@ -181,17 +181,40 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         return cls(backfill_interval_seconds=interval, inst_data=inst_data, **config)
 
 
-def dead_lettered(settings: Settings, keys: list[str]) -> set[str]:
-    """Of ``keys``, the partitions with a head checkpoint that failed ``dead_letter_after`` times
-    (none when the ledger cannot be read: the cut is then by landing files only)."""
-    from resources.errors import StormlakeError
-    from resources.ledger_resource import LedgerResource
+def dead_lettered(settings: Settings, keys: list[str]) -> dict[str, str]:
+    """Of ``keys``, the partitions with a head checkpoint that failed ``dead_letter_after`` times,
+    each with the first such phase (in protocol order).
 
+    One quick read (:func:`resources.ledger.dead_lettered_phases`: no migration, no retry, 2 s
+    at most), on the configured server or on the embedded one if it runs (never started for
+    this). When the ledger cannot be read the answer is empty, said in the daemon's log, and
+    the cut goes by landing files only: a dead-lettered partition in a range then fails it, and
+    the range's retry leaves it out.
+    """
+    import logging
+
+    import psycopg
+
+    from assets.phases import PHASES
+    from resources.errors import StormlakeError
+    from resources.ledger import dead_lettered_phases
+    from resources.pgserver import is_running, resolve_dsns
+
+    order = [phase.name for phase in PHASES]
     try:
-        heads = LedgerResource(dsn=settings.pg_dsn or "", pgdata=str(settings.pgdata)).get().heads(keys)
-    except StormlakeError:
-        return set()
-    return {cp.partition_key for cp in heads if cp.status == "FAILED" and cp.failures >= settings.dead_letter_after}
+        if settings.pg_dsn:
+            dsn = settings.pg_dsn
+        elif is_running(settings.pgdata):
+            dsn = resolve_dsns(None, settings.pgdata)[0]
+        else:
+            return {}
+        phases = dead_lettered_phases(dsn, keys, settings.dead_letter_after)
+    except (psycopg.Error, OSError, StormlakeError) as exc:
+        logging.getLogger(__name__).warning(
+            "stormlake: the run coordinator could not read the dead letters (%s: %s); ranges are cut by landing"
+            " files only", exc.__class__.__name__, exc)
+        return {}
+    return {key: min(names, key=lambda n: order.index(n) if n in order else len(order)) for key, names in phases.items()}
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):

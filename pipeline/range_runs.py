@@ -9,9 +9,12 @@ reaches the run queue (stormlake's run coordinator, :mod:`pipeline.launcher`):
   range materializes all of its partitions or none, so a range of both cannot pass over the
   ones without files or the dead-lettered ones (a run over only those ends successfully with
   nothing read or written, saying why). Such a range becomes runs of consecutive partitions of
-  one kind. A partition counts as dead-lettered here when one of its head checkpoints failed
-  ``STORMLAKE_DEAD_LETTER_AFTER`` times; whether that holds for its current inputs is the
-  step's to say, so a wrong guess costs a smaller run, nothing else.
+  one kind (:func:`range_kinds`). A partition counts as dead-lettered here when one of its
+  head checkpoints failed ``STORMLAKE_DEAD_LETTER_AFTER`` times (a quick read of the ledger,
+  ``pipeline.launcher.dead_lettered``), and its kind is the first such phase. Whether its
+  current inputs are the ones that failed is the step's to say: if they changed, the partition
+  runs in a smaller range than it could have; if the ledger could not be read, a dead-lettered
+  partition in a range fails it, and the range's retry leaves it out (below).
 - **A failure that costs the range.** A phase that fails for one partition fails the run's
   later steps for every partition of the range. The failing step names its failed partitions
   and asks Dagster to retry the run (``assets.materialize``); the retry (from the failed step
@@ -30,7 +33,7 @@ key range of stormlake's partitions.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -103,8 +106,21 @@ def range_keys(run: dg.DagsterRun) -> list[str] | None:
     return [str(k) for k in PARTITIONS.get_partition_keys_in_range(dg.PartitionKeyRange(start, end))]
 
 
+def range_kinds(keys: Sequence[str], landing: Landing, dead: Mapping[str, str]) -> dict[str, Hashable]:
+    """Each key's kind of work: not landed (no landing file), dead-lettered at a phase (``dead``:
+    the first phase whose head failed too often), or to run. Partitions dead-lettered at
+    different phases are of different kinds: the earlier phases of the later ones still run."""
+    def kind(key: str) -> Hashable:
+        day, region_id = split_partition_key(key)
+        if not landing.has_partition_files(region_id, day):
+            return "not landed"
+        return ("dead-lettered", dead[key]) if key in dead else "to run"
+
+    return {key: kind(key) for key in keys}
+
+
 def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, landing: Landing,
-        dead_letters: Callable[[list[str]], set[str]]) -> list[dg.DagsterRun]:
+        dead_letters: Callable[[list[str]], Mapping[str, str]]) -> list[dg.DagsterRun]:
     """The runs to submit for ``run``: itself, or itself over its first group and a copy for each other.
 
     Only a run not started yet is cut. The copies' ids are kept on the run (:data:`COPIES_TAG`),
@@ -122,16 +138,9 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
     if keys is None:
         return [run]
 
-    dead = dead_letters(keys)
-
-    def kind(key: str) -> str:
-        day, region_id = split_partition_key(key)
-        if not landing.has_partition_files(region_id, day):
-            return "not landed"
-        return "dead-lettered" if key in dead else "to run"
-
+    kinds = range_kinds(keys, landing, dead_letters(keys))
     skip = failed_in_parent(instance, run)
-    groups = line_groups(keys, kind, skip)
+    groups = line_groups(keys, kinds.__getitem__, skip)
     cut_needed = len(groups) > 1 or (len(groups) == 1 and groups[0] != keys)
     inherited: dict[str, str] = {}
     if skip:

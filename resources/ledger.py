@@ -1038,6 +1038,25 @@ class Ledger:
         return self._run(txn, what="prune ledger history")
 
 
+def dead_lettered_phases(dsn: str, keys: list[str], after: int, *, timeout_s: float = 2.0) -> dict[str, list[str]]:
+    """Of ``keys``, the phases whose head checkpoint failed ``after`` times or more, by partition.
+
+    One statement on a connection of its own, as the pipeline's role, with no pool, migration
+    or retry, and at most ``timeout_s`` to connect and to run: for a caller that must not wait on
+    the ledger (the run coordinator in Dagster's daemon, ``pipeline.launcher``). Raises
+    ``psycopg.Error`` (unreachable, or a ledger older than the ``failures`` column).
+    """
+    options = f"{_session_options(dsn, PIPELINE_ROLE)} -c statement_timeout={int(timeout_s * 1000)}"
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(timeout_s)), options=options) as conn:
+        rows = conn.execute(
+            "SELECT partition_key, phase FROM checkpoints WHERE superseded_at IS NULL AND status = 'FAILED'"
+            " AND failures >= %s AND partition_key = ANY(%s) ORDER BY partition_key, phase", (after, keys)).fetchall()
+    out: dict[str, list[str]] = {}
+    for key, phase in rows:
+        out.setdefault(key, []).append(phase)
+    return out
+
+
 def get_ledger(dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
     """The process-wide ledger for ``dsn`` and ``role`` (one pool each per process), migrated on first use."""
     return Ledger.shared(dsn, role=role, audited=audited)

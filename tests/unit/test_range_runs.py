@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from pipeline.range_runs import line_groups
+from pipeline.range_runs import line_groups, range_kinds
 from resources.keys import partition_key, split_partition_key
 
 REGIONS = ["r1", "r2", "r3", "r4", "r5"]
@@ -70,3 +70,22 @@ def test_every_group_is_a_range_of_consecutive_kept_keys_of_one_kind() -> None:
             g_days = {split_partition_key(k)[0] for k in g}
             g_regions = {split_partition_key(k)[1] for k in g}
             assert len(g_days) == 1 or len(g_regions) == 1, g
+
+
+def test_partitions_dead_lettered_at_different_phases_are_kinds_apart(tmp_path) -> None:  # noqa: ANN001
+    """One dead-lettered at ingest, one at correlate: in one range the second's ingest would
+    skip (an outcome) beside the first's refusal, and the step would fail; so they run apart."""
+    from resources.landing import Landing
+    from resources.landing_layout import PARTITION_FILES
+
+    keys = keys_of(["2026-09-01"], REGIONS)
+    for key in keys[:4]:  # r5 has not landed
+        day, region = split_partition_key(key)
+        folder = tmp_path / region / day
+        folder.mkdir(parents=True)
+        (folder / PARTITION_FILES[0]).write_text("x")
+    dead = {keys[1]: "ingest", keys[2]: "correlate", keys[3]: "correlate"}
+    kinds = range_kinds(keys, Landing(tmp_path), dead)
+    assert kinds == {keys[0]: "to run", keys[1]: ("dead-lettered", "ingest"), keys[2]: ("dead-lettered", "correlate"),
+                     keys[3]: ("dead-lettered", "correlate"), keys[4]: "not landed"}
+    assert line_groups(keys, kinds.__getitem__) == [keys[:1], keys[1:2], keys[2:4], keys[4:]]
