@@ -32,6 +32,9 @@ from resources.keys import (
     FAILED_PARTITIONS_TAG,
     LAUNCHED_BY,
     MAX_PARTITIONS_PER_RUN,
+    MAX_RETRIES_TAG,
+    PARENT_RUN_TAG,
+    RETRY_ON_FAILURE_TAG,
     failed_partitions,
     partition_key,
 )
@@ -334,7 +337,7 @@ def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[
             or not set(failed) <= set(keys):
         return
     instance = context.instance
-    parent_id = context.run.tags.get("dagster/parent_run_id")
+    parent_id = context.run.tags.get(PARENT_RUN_TAG)
     parent = instance.get_run_by_id(parent_id) if parent_id else None
     if parent is not None and failed_partitions(parent.tags) & set(keys):
         return  # not cut without its parent's failed partitions: a retry would fail the same way
@@ -342,8 +345,8 @@ def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[
     runs_in_group = len(group[1]) if group else 1
     instance.add_run_tags(context.run_id, {
         FAILED_PARTITIONS_TAG: json.dumps(failed),
-        "dagster/retry_on_asset_or_op_failure": "true",
-        "dagster/max_retries": str(runs_in_group + MAX_PARTITIONS_PER_RUN),
+        RETRY_ON_FAILURE_TAG: "true",
+        MAX_RETRIES_TAG: str(runs_in_group + MAX_PARTITIONS_PER_RUN),
     })
 
 

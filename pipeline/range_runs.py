@@ -39,18 +39,20 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from resources import dagster_compat
-from resources.keys import FAILED_PARTITIONS_TAG, failed_partitions, split_partition_key
+from resources.keys import (
+    AUTO_RETRY_TAG,
+    FAILED_PARTITIONS_TAG,
+    MAX_RETRIES_TAG,
+    PARENT_RUN_TAG,
+    RETRY_ON_FAILURE_TAG,
+    failed_partitions,
+    split_partition_key,
+)
 
 if TYPE_CHECKING:
     from resources.landing import Landing
 
 RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
-# Dagster's run tags: the run a re-execution re-executes, the automatic retry a failed run got,
-# and the documented tags of run retries.
-PARENT_RUN_TAG = "dagster/parent_run_id"
-AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
-RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
-MAX_RETRIES_TAG = "dagster/max_retries"
 #: The copies a cut range run was given (a JSON list of run ids), on the run itself.
 COPIES_TAG = "stormlake/range_copies"
 
@@ -106,13 +108,26 @@ def range_keys(run: dg.DagsterRun) -> list[str] | None:
     return [str(k) for k in PARTITIONS.get_partition_keys_in_range(dg.PartitionKeyRange(start, end))]
 
 
-def range_kinds(keys: Sequence[str], landing: Landing, dead: Mapping[str, str]) -> dict[str, Hashable]:
-    """Each key's kind of work: not landed (no landing file), dead-lettered at a phase (``dead``:
-    the first phase whose head failed too often), or to run. Partitions dead-lettered at
-    different phases are of different kinds: the earlier phases of the later ones still run."""
-    def kind(key: str) -> Hashable:
+def landed_keys(keys: Sequence[str], landing: Landing) -> set[str]:
+    """The keys with at least one landing file."""
+    landed = set()
+    for key in keys:
         day, region_id = split_partition_key(key)
-        if not landing.has_partition_files(region_id, day):
+        if landing.has_partition_files(region_id, day):
+            landed.add(key)
+    return landed
+
+
+def range_kinds(keys: Sequence[str], landing: Landing, dead: Mapping[str, str],
+                landed: set[str] | None = None) -> dict[str, Hashable]:
+    """Each key's kind of work: not landed (no landing file; ``landed``, when the caller looked
+    already), dead-lettered at a phase (``dead``: the first phase whose head failed too often),
+    or to run. Partitions dead-lettered at different phases are of different kinds: the earlier
+    phases of the later ones still run."""
+    landed = landed_keys(keys, landing) if landed is None else landed
+
+    def kind(key: str) -> Hashable:
+        if key not in landed:
             return "not landed"
         return ("dead-lettered", dead[key]) if key in dead else "to run"
 
@@ -138,10 +153,12 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
     if keys is None:
         return [run]
 
-    kinds = range_kinds(keys, landing, dead_letters(keys))
+    landed = landed_keys(keys, landing)
+    # Only a landed partition can be dead-lettered: a range with nothing landed asks the ledger nothing.
+    kinds = range_kinds(keys, landing, dead_letters(sorted(landed)) if landed else {}, landed)
     skip = failed_in_parent(instance, run)
     groups = line_groups(keys, kinds.__getitem__, skip)
-    cut_needed = len(groups) > 1 or (len(groups) == 1 and groups[0] != keys)
+    cut_needed = groups not in ([], [keys])
     inherited: dict[str, str] = {}
     if skip:
         # A retry carries its parent's tags: the failed partitions, the retry on a step failure

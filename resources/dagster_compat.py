@@ -372,8 +372,8 @@ def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun, pools: Iter
     (``get_concurrency_config``, which merges ``dagster.yaml``'s ``concurrency`` section into the
     coordinator's); the tag limits are counted by the queue daemon's own
     ``dagster._utils.tags.TagConcurrencyLimitsCounter`` over the active runs
-    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``); a pool's slots are its
-    ``ConcurrencyKeyInfo``. This is stricter than the queue about pools (it blocks a run on any
+    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``); the pools' slots are their
+    ``ConcurrencyKeyInfo``, read together (``get_concurrency_infos``). This is stricter than the queue about pools (it blocks a run on any
     full pool of its ops, the queue on the pools of its first steps only) and leaves the queue's
     other checks (paused code locations, retries of an unreachable one) to the queue: a run it
     does not start is queued as usual. Dagster has no public call that asks the queue whether a
@@ -393,8 +393,5 @@ def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun, pools: Iter
         return False
     if TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run):
         return False
-    for pool in pools:
-        info = instance.event_log_storage.get_concurrency_info(pool)
-        if info.slot_count and info.active_slot_count + info.pending_step_count >= info.slot_count:
-            return False
-    return True
+    infos = instance.event_log_storage.get_concurrency_infos(list(pools)).values()
+    return not any(i.slot_count and i.active_slot_count + i.pending_step_count >= i.slot_count for i in infos)

@@ -1,6 +1,7 @@
 """Partition keys: ``YYYY-MM-DD|region_id``, a (day, region) batch as Dagster's multi-partition
 key prints it (its dimensions ordered by name: ``day``, then ``region``); how many of them a run
-takes, and stormlake's own run tags."""
+takes, stormlake's own run tags, and the run tags of Dagster's that stormlake reads or sets on
+key range runs."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ LAUNCHED_BY = "stormlake/launched_by"
 #: names them (a JSON list of keys), for the runs Dagster's retry of it becomes
 #: (``pipeline.range_runs``).
 FAILED_PARTITIONS_TAG = "stormlake/failed_partitions"
+
+
+#: Dagster's run tags around re-executions and run retries (the last two documented with run
+#: retries): the run a re-execution re-executes, the automatic retry a failed run got, whether
+#: a run is retried when a step fails, and how many runs its run group may count.
+PARENT_RUN_TAG = "dagster/parent_run_id"
+AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
+RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+MAX_RETRIES_TAG = "dagster/max_retries"
 
 
 def failed_partitions(tags: Mapping[str, str]) -> frozenset[str]:

@@ -70,6 +70,8 @@ PRIVATE = [
     ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
     ("dagster._core.storage.dagster_run", "ACTIVE_RUN_STATUSES", None, "queue_has_room"),
     ("dagster._utils.tags", "TagConcurrencyLimitsCounter.is_blocked", ("item",), "queue_has_room"),
+    ("dagster._core.storage.event_log.base", "EventLogStorage.get_concurrency_infos", ("concurrency_keys",),
+     "queue_has_room"),
     ("dagster._core.instance.instance", "DagsterInstance.get_concurrency_config", (), "queue_has_room"),
 ]
 
