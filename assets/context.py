@@ -55,6 +55,26 @@ class PartitionRef:
         return cls(key=key, day=day, region=regions[region_id])
 
 
+def _partition_folder(part: PartitionRef) -> str:
+    return f"region_id={part.region.region_id}/day={part.day}/"
+
+
+def partition_file_names(paths: Iterable[str], part: PartitionRef) -> list[str]:
+    """A partition's data files as a checkpoint records them: the names inside the partition's
+    folder (the table's paths without the ``region_id=…/day=…/`` both share), to keep the summary short."""
+    folder = _partition_folder(part)
+    return [p[len(folder):] if p.startswith(folder) else p for p in paths]
+
+
+def pinned_files(summary: dict[str, Any], table: str, part: PartitionRef) -> list[str] | None:
+    """The data files of ``part`` in ``table`` that a checkpoint's summary pinned (paths relative
+    to the table), or None when it does not record them (a checkpoint made before they were)."""
+    names = summary.get("delta_files", {}).get(table)
+    if names is None:
+        return None
+    return [n if "/" in n else _partition_folder(part) + n for n in names]
+
+
 @dataclass
 class PhaseOutput:
     tables: dict[str, pa.Table]
@@ -117,7 +137,8 @@ class PhaseContext(PhaseInputs):
             raise UpstreamNotReady(f"{self.phase.name} of {self.partition.key} reads {table} but {owner} is not done")
         version = cp.summary["delta_versions"][table]
         return self.runner.lake.read_partition(table, self.partition.region.region_id, self.partition.day,
-                                               version=version, last_use=LAST_READER[table] == self.phase.name)
+                                               version=version, files=pinned_files(cp.summary, table, self.partition),
+                                               last_use=LAST_READER[table] == self.phase.name)
 
     def fault_point(self) -> None:
         """Called by a compute function halfway through its work (fault-injection point)."""
@@ -134,6 +155,34 @@ class PhaseContext(PhaseInputs):
         self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
         faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
         return output
+
+    def call_all(self, kind: str, calls: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]]
+                 ) -> list[dict[str, Any]]:
+        """Several outside calls of one kind, ``(name, input, fn)`` each, made at once
+        (:func:`resources.lake.at_once`) and then recorded one by one in the given order, each as
+        :meth:`call` records it (an earlier attempt's record answers instead). When calls fail,
+        the ones that succeeded before the first failure are recorded, then that failure is raised;
+        a call that succeeded but is not recorded is made again by the next attempt, so ``fn``
+        must be idempotent (a Delta write is: its app transaction finds the earlier commit)."""
+        from resources.lake import at_once
+
+        assert self.claim is not None
+        keys = [f"{kind}:{name}:{hash_json(input)[:16]}" for name, input, _fn in calls]
+        todo = [i for i, key in enumerate(keys) if key not in self.claim.recorded]
+        made = dict(zip(todo, at_once([calls[i][2] for i in todo]), strict=True))
+        outputs: list[dict[str, Any]] = []
+        for i, ((name, input, _fn), key) in enumerate(zip(calls, keys, strict=True)):
+            if i not in made:
+                self.runner.log(f"{self.phase.name}: {kind} {name} answered from the record")
+                outputs.append(dict(self.claim.recorded[key], replayed=True))
+                continue
+            output = made[i]
+            if isinstance(output, BaseException):
+                raise output
+            self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
+            faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
+            outputs.append(output)
+        return outputs
 
 
 Compute = Callable[[PhaseContext], PhaseOutput]

@@ -11,9 +11,8 @@ import gc
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
-
-import pyarrow as pa
 
 from assets.checks import Check, schema_checks
 from assets.context import (
@@ -23,6 +22,8 @@ from assets.context import (
     PhaseContext,
     UpstreamNotReady,
     UpstreamOutdated,
+    partition_file_names,
+    pinned_files,
 )
 from assets.delivery import deliver
 from assets.hashing import hash_json, table_hash
@@ -30,7 +31,7 @@ from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
 from resources import faults
 from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
-from resources.lake import Lake
+from resources.lake import Lake, at_once
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
 from resources.memory import keep_freed_memory
@@ -271,8 +272,9 @@ class PhaseRunner:
         except StormlakeError:
             return
         for table in phase.input_tables:
-            version = heads[TABLE_PHASE[table]].summary["delta_versions"][table]
-            self.lake.prefetch(table, part.region.region_id, part.day, version=version)
+            summary = heads[TABLE_PHASE[table]].summary
+            self.lake.prefetch(table, part.region.region_id, part.day, version=summary["delta_versions"][table],
+                               files=pinned_files(summary, table, part))
 
     # ---- the protocol ------------------------------------------------------------------
     def current_heads(self, part: PartitionRef) -> list[Checkpoint]:
@@ -391,19 +393,28 @@ class PhaseRunner:
         written: dict[str, bool] = {}
         hashes: dict[str, str] = {}
         rows: dict[str, int] = {}
-        for table in phase.tables:
-            data = out.tables[table]
-            hashes[table] = table_hash(data)
-            rows[table] = data.num_rows
+        # The phase's tables are hashed, then written, at once (the lake's writer threads); each
+        # write is then recorded as a call of its own, in the phase's table order.
+        tables = list(phase.tables)
+        for table, digest in zip(tables, at_once([partial(table_hash, out.tables[t]) for t in tables]), strict=True):
+            if isinstance(digest, BaseException):
+                raise digest
+            hashes[table] = digest
+            rows[table] = out.tables[table].num_rows
 
-            def write(table: str = table, data: pa.Table = data) -> dict[str, Any]:
-                res = self.lake.overwrite_partition(table, part.region.region_id, part.day, data,
-                                                    seq=claim.seq, first_seq=claim.checkpoint.first_seq,
-                                                    keep=table in LAST_READER)
-                return {"version": res.version, "written": res.written, "rows": res.rows}
+        def write(table: str) -> dict[str, Any]:
+            res = self.lake.overwrite_partition(table, part.region.region_id, part.day, out.tables[table],
+                                                seq=claim.seq, first_seq=claim.checkpoint.first_seq,
+                                                keep=table in LAST_READER)
+            return {"version": res.version, "written": res.written, "rows": res.rows,
+                    "files": None if res.files is None else partition_file_names(res.files, part)}
 
-            res = ctx.call("delta_commit", table, {"partition": part.key, "content": hashes[table]}, write)
+        calls = [(table, {"partition": part.key, "content": hashes[table]}, partial(write, table)) for table in tables]
+        files: dict[str, list[str]] = {}
+        for table, res in zip(tables, ctx.call_all("delta_commit", calls), strict=True):
             versions[table] = int(res["version"])
+            if res.get("files") is not None:
+                files[table] = list(res["files"])
             written[table] = bool(res["written"]) and not res.get("replayed", False)
             faults.check("after_delta_commit", phase=phase.name, partition_key=part.key)
         hold = out.hold if "released" not in basis else None
@@ -412,6 +423,7 @@ class PhaseRunner:
         summary = {
             "rows": rows,
             "delta_versions": versions,
+            "delta_files": files,
             "delta_written": written,
             "table_hashes": hashes,
             "figures": out.figures,

@@ -12,17 +12,18 @@ app transaction versions, so this check is ours to make.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -32,6 +33,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from resources.errors import LakeError
 
+log = logging.getLogger(__name__)
+
 APP_KEY = "stormlake.app_id"
 SEQ_KEY = "stormlake.seq"
 
@@ -39,6 +42,45 @@ PREFETCH_NICE = 10
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
 CREATE_TRIES = 5  # a table creation racing another process's is tried again
 CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
+#: How long a table's log keeps the commits before its last checkpoint. Every write lists the
+#: log folder and reads what it finds, so its cost grows with the log: about 20 ms a write more
+#: for every 1,000 commits kept (a year of 50 regions is 18,250 commits a table, about 0.4 s a
+#: write). Commits older than this are removed when delta-rs writes a checkpoint (every 100
+#: commits); a pinned read finds its partition's files in the ledger, not in the log (see
+#: :meth:`Lake.read_partition`), so only an outside reader's time travel is bounded by it.
+LOG_RETENTION = "interval 2 minutes"
+#: Table properties every lake table is created with (and an older table is given on first write).
+TABLE_CONFIGURATION = {"delta.logRetentionDuration": LOG_RETENTION}
+#: Threads that write (and hash) a phase's tables at once: a phase writes at most five.
+WRITER_THREADS = 5
+T = TypeVar("T")
+
+_writers: tuple[int, ThreadPoolExecutor] | None = None
+_writers_lock = threading.Lock()
+
+
+def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
+    """Run ``calls`` in the process's writer threads at once; their results in the same order,
+    an exception where a call raised one (the caller decides what to do with the others).
+
+    A phase's tables are written this way: a Delta write spends most of its time in delta-rs
+    and the Parquet encoder with the GIL released, and a table's content hash in sha256, also
+    without the GIL, so the writes of five tables take about half the time of five in a row.
+    One call runs on the calling thread.
+    """
+    if len(calls) == 1:
+        try:
+            return [calls[0]()]
+        except Exception as exc:  # noqa: BLE001 - handed back to the caller, in order
+            return [exc]
+    global _writers
+    with _writers_lock:
+        if _writers is None or _writers[0] != os.getpid():  # a forked child makes its own threads
+            _writers = (os.getpid(), ThreadPoolExecutor(max_workers=WRITER_THREADS,
+                                                        thread_name_prefix="stormlake-writer"))
+        pool = _writers[1]
+    futures = [pool.submit(call) for call in calls]
+    return [f.exception() or f.result() for f in futures]
 
 
 def _background_priority() -> None:
@@ -158,6 +200,10 @@ class WriteResult:
     version: int  # the table version holding this partition's data
     written: bool  # False when an earlier attempt's commit was recognised and reused
     rows: int
+    #: The partition's data files at ``version`` (paths relative to the table, as the log has
+    #: them), from the commit that wrote them; None when they could not be told (a remote lake,
+    #: a commit no longer in the log). A pinned read of the partition reads these files.
+    files: tuple[str, ...] | None = None
 
 
 def app_id(table: str, region_id: str, day: str) -> str:
@@ -201,7 +247,8 @@ class Lake:
             try:
                 if DeltaTable.is_deltatable(uri):
                     break
-                DeltaTable.create(uri, self.schemas[table], mode="ignore", partition_by=self.partition_by)
+                DeltaTable.create(uri, self.schemas[table], mode="ignore", partition_by=self.partition_by,
+                                  configuration=TABLE_CONFIGURATION)
                 break
             except (CommitFailedError, DeltaError, OSError) as exc:
                 if DeltaTable.is_deltatable(uri):
@@ -233,6 +280,19 @@ class Lake:
             return latest
         return self.table(table)
 
+    def _configured(self, table: str, dt: DeltaTable) -> DeltaTable:
+        """``dt`` with :data:`TABLE_CONFIGURATION` set (a table made before a property was added
+        gets it with one commit; a concurrent setter is fine)."""
+        have = dt.metadata().configuration
+        missing = {k: v for k, v in TABLE_CONFIGURATION.items() if have.get(k) != v}
+        if not missing:
+            return dt
+        try:
+            dt.alter.set_table_properties(missing)
+        except (CommitFailedError, DeltaError) as exc:
+            log.warning("could not set %s on %s: %s", ", ".join(missing), table, exc)
+        return self.table(table)
+
     def _latest(self, table: str) -> DeltaTable:
         """``table`` at its latest version, to write to. The handle is kept and moved forward
         (``update_incremental`` reads only the commits since the handle's version, other
@@ -262,12 +322,15 @@ class Lake:
             raise LakeError(f"cannot open Delta table {table} at version {version}: {exc}") from exc
 
     def read_partition(self, table: str, region_id: str, day: str, *, version: int,
-                       last_use: bool = False) -> pa.Table:
+                       files: Sequence[str] | None = None, last_use: bool = False) -> pa.Table:
         """Read one partition at a pinned table version (never "latest").
 
-        On a local lake the partition's files at that version (from the Delta log) are read by
-        pyarrow's own Parquet reader, with its threads, and the partition columns are added
-        back as the constants they are. Elsewhere, or when the table uses a reader feature this
+        On a local lake the partition's files at that version are read by pyarrow's own Parquet
+        reader, with its threads, and the partition columns are added back as the constants they
+        are. ``files`` are those files as the write recorded them (:attr:`WriteResult.files`):
+        then the table is not loaded at the version at all, so the read neither replays the log
+        nor needs the version's commits, which the log's cleanup removes (:data:`LOG_RETENTION`).
+        Without them, or when one is gone, the files come from the table loaded at the version. Elsewhere, or when the table uses a reader feature this
         does not handle (deletion vectors, column mapping), the deltalake dataset is scanned,
         single-threaded: a threaded scan through deltalake's filesystem handler has been seen
         to abort the interpreter at exit with deltalake 1.6 and pyarrow 26.
@@ -279,12 +342,13 @@ class Lake:
         cached = self.cache.take(key, last_use=last_use)
         if cached is not None:
             return cached
-        out = self._scan(table, region_id, day, version)
+        out = self._scan(table, region_id, day, version, files=files)
         if not last_use:
             self.cache.remember(key, out)
         return out
 
-    def prefetch(self, table: str, region_id: str, day: str, *, version: int) -> None:
+    def prefetch(self, table: str, region_id: str, day: str, *, version: int,
+                 files: Sequence[str] | None = None) -> None:
         """Start reading a pinned partition in the background for a later :meth:`read_partition`.
 
         A range run computes one partition while the next one's inputs are read (Parquet
@@ -293,17 +357,33 @@ class Lake:
         """
         key = (self.uri(table), region_id, day, version)
         # Single-threaded: on a machine with few cores the phase computing meanwhile has the rest.
-        self.cache.read_ahead(key, lambda: self._scan(table, region_id, day, version, threads=False))
+        self.cache.read_ahead(key, lambda: self._scan(table, region_id, day, version, files=files, threads=False))
 
-    def _scan(self, table: str, region_id: str, day: str, version: int, *, threads: bool = True) -> pa.Table:
-        dt = self.table(table, version)
+    def _scan(self, table: str, region_id: str, day: str, version: int, *, files: Sequence[str] | None = None,
+              threads: bool = True) -> pa.Table:
         schema = self.schemas[table]
+        uri = self.uri(table)
+        if files is not None and "://" not in uri and self._plain_parquet(table):
+            paths = [f"{uri}/{urllib.parse.unquote(f)}" for f in files]
+            if all(os.path.exists(p) for p in paths):
+                parts = [_with_partition(pq.ParquetFile(p).read(use_threads=threads), region_id, day) for p in paths]
+                return pa.concat_tables([_conformed(p, schema) for p in parts]) if parts else schema.empty_table()
+        dt = self.table(table, version)
         if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
             files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
             parts = [_with_partition(pq.ParquetFile(f).read(use_threads=threads), region_id, day) for f in files]
             return pa.concat_tables([_conformed(p, schema) for p in parts]) if parts else schema.empty_table()
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
+
+    def _plain_parquet(self, table: str) -> bool:
+        """Whether the table's data files are read as they are: no reader feature this module does
+        not handle (deletion vectors, column mapping). Asked of the table as last loaded here."""
+        uri = self.uri(table)
+        dt = self._write_handles.get(uri) or self._count_handles.get(uri)
+        if dt is None:
+            dt = self._count_handles[uri] = self.table(table)
+        return not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ())
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500,
                           dt: DeltaTable | None = None) -> int | None:
@@ -333,8 +413,8 @@ class Lake:
         predicate = f"region_id = {_sql_str(region_id)} AND day = {_sql_str(day)}"
         for attempt in range(6):
             dt = self._latest(table)
-            if first_look:  # the table as this process first writes it: its schema brought up to date
-                dt, first_look = self._add_new_columns(table, dt), False
+            if first_look:  # the table as this process first writes it: schema and properties brought up to date
+                dt, first_look = self._configured(table, self._add_new_columns(table, dt)), False
                 self._write_handles[uri] = dt
             # Only an earlier attempt of this checkpoint (first_seq < seq), or this one in a commit
             # race it may have won (attempt > 0), can have written it: a first attempt's first try
@@ -343,7 +423,8 @@ class Lake:
             if done is not None and done >= first_seq:
                 version = self.committed_version(table, app, done, dt=dt)
                 if version is not None:
-                    return WriteResult(table, version, written=False, rows=data.num_rows)
+                    return WriteResult(table, version, written=False, rows=data.num_rows,
+                                       files=_partition_files(uri, version, region_id, day))
             try:
                 write_deltalake(
                     dt,
@@ -379,7 +460,8 @@ class Lake:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
             if keep:
                 self.cache.remember((uri, region_id, day, version), data)
-            return WriteResult(table, version, written=True, rows=data.num_rows)
+            return WriteResult(table, version, written=True, rows=data.num_rows,
+                               files=_partition_files(uri, version, region_id, day))
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
     def row_count(self, table: str, version: int) -> int | None:
@@ -445,6 +527,24 @@ def _has_commits_after(uri: str, version: int) -> bool:
     if "://" in uri:
         return True
     return os.path.exists(_commit_file(uri, version + 1)) or not os.path.exists(_commit_file(uri, version))
+
+
+def _partition_files(uri: str, version: int, region_id: str, day: str) -> tuple[str, ...] | None:
+    """The data files a partition overwrite added in commit ``version`` (its partition's files at
+    that version: the overwrite removed the others), from the commit's JSON; None for a remote
+    table or a commit no longer in the log."""
+    if "://" in uri:
+        return None
+    files = []
+    try:
+        with open(_commit_file(uri, version), encoding="utf-8") as f:
+            for line in f:
+                add = json.loads(line).get("add")
+                if add is not None and add.get("partitionValues") == {"region_id": region_id, "day": day}:
+                    files.append(add["path"])
+    except (OSError, ValueError):
+        return None
+    return tuple(files)
 
 
 def _commit_file(uri: str, version: int) -> str:

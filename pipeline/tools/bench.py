@@ -14,8 +14,10 @@ home ``$STORMLAKE_HOME/bench`` (wiped at the start):
     of a table as this loop wrote it, kept in memory (as the pipeline's lake keeps a partition
     it wrote for a later reader in the same process), outside calls are made directly, and no
     fault is injected. Each partition of every table a phase returns is written by a predicate
-    overwrite (``write_deltalake``) into the run's own lake, and the artifacts by the same file
-    target as the pipeline's. No Dagster run, no ledger.
+    overwrite (``write_deltalake``) into the run's own lake, through one table handle kept per
+    table and with a phase's tables written at once (:func:`resources.lake.at_once`), as the
+    pipeline writes them; the artifacts by the same file target as the pipeline's. No Dagster
+    run, no ledger.
 ``bench/pipeline-<n>``
     (b) **pipeline**: :func:`pipeline.orchestrate.run_partitions` (the code path of
     ``stormlake backfill``), then (c) **rerun**: the same call again over the published
@@ -78,12 +80,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from assets.context import PartitionRef, PhaseInputs
 from assets.phases import PHASES, Phase
 from resources.files import write_atomic
+from resources.lake import TABLE_CONFIGURATION, at_once
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -298,6 +302,7 @@ class BareLoop:
         self.landing = landing
         self.known_regions = known_regions
         self.target = target
+        self.handles: dict[str, Any] = {}  # one DeltaTable per table, kept: this loop is its only writer
         # A phase's compute function lives in the module of the phase's name (assets/ingest.py, ...).
         self.steps = [(phase, importlib.import_module(f"assets.{phase.name}").compute) for phase in PHASES]
 
@@ -308,7 +313,9 @@ class BareLoop:
 
         Path(self.lake).mkdir(parents=True, exist_ok=True)
         for table, schema in SCHEMAS.items():
-            DeltaTable.create(f"{self.lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS)
+            DeltaTable.create(f"{self.lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS,
+                              configuration=TABLE_CONFIGURATION)  # the pipeline's tables' properties
+            self.handles[table] = DeltaTable(f"{self.lake}/{table}")
 
     def run_partition(self, part: PartitionRef) -> dict[str, float]:
         """Every phase of the partition in order; the seconds each took (compute, writes, deliveries)."""
@@ -318,8 +325,12 @@ class BareLoop:
         for phase, compute in self.steps:
             t = time.perf_counter()
             out = compute(BareContext(phase, self.landing, part, self.known_regions, written, upstream))
-            for table in phase.tables:
-                written[table] = self.write(table, out.tables[table], part)
+            # the phase's tables written at once, as the pipeline writes them (resources.lake.at_once)
+            done = at_once([partial(self.write, table, out.tables[table], part) for table in phase.tables])
+            for table, data in zip(phase.tables, done, strict=True):
+                if isinstance(data, BaseException):
+                    raise data
+                written[table] = data
             for artifact in out.artifacts:
                 self.target.deliver(artifact, supersedes=None)
             upstream[phase.name] = BareCheckpoint({"rows": {t: d.num_rows for t, d in out.tables.items()},
@@ -336,7 +347,7 @@ class BareLoop:
         schema = SCHEMAS[table]
         data = data.select(schema.names).cast(schema)
         predicate = f"region_id = '{part.region.region_id}' AND day = '{part.day}'"
-        write_deltalake(f"{self.lake}/{table}", data, mode="overwrite", predicate=predicate,
+        write_deltalake(self.handles[table], data, mode="overwrite", predicate=predicate,
                         partition_by=PARTITION_COLUMNS)
         return data
 

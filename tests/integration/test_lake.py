@@ -221,3 +221,66 @@ def test_a_write_handle_sees_another_processs_commits_before_it_writes(tmp_path:
     assert a.read_partition("weather_raw", "pine_belt", "2026-09-01", version=w3.version).num_rows == 4
     assert _snapshot_rows(a, "weather_raw", w3.version) == 6 + 4 + 3
     assert a._latest("weather_raw") is handle and handle.version() == w3.version  # nothing new: kept as it is
+
+
+def test_a_pinned_read_by_the_recorded_files_outlives_the_logs_cleanup(lk: Lake) -> None:
+    from deltalake import DeltaTable
+
+    from resources.lake import TABLE_CONFIGURATION
+
+    first = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01",
+                                   _rows("gulf_coast", "2026-09-01", 12, 1.0), seq=1, first_seq=1, keep=False)
+    assert first.files and all(f.startswith("region_id=gulf_coast/day=2026-09-01/") for f in first.files)
+    for n in range(2, 6):  # later commits of other partitions and a rewrite of this one
+        region = "pine_belt" if n % 2 else "gulf_coast"
+        lk.overwrite_partition("weather_raw", region, "2026-09-01", _rows(region, "2026-09-01", n, 10.0 * n),
+                               seq=n, first_seq=n, keep=False)
+    uri = lk.uri("weather_raw")
+    dt = DeltaTable(uri)
+    assert dt.metadata().configuration["delta.logRetentionDuration"] == TABLE_CONFIGURATION[
+        "delta.logRetentionDuration"]
+    # What delta-rs does at a checkpoint once the commits are older than the retention.
+    dt.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    dt = DeltaTable(uri)
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    with pytest.raises(LakeError):  # the version itself can no longer be loaded ...
+        lk.table("weather_raw", first.version)
+    # ... but the partition as that commit left it is read from its files
+    got = lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=first.version, files=first.files)
+    assert got.equals(_rows("gulf_coast", "2026-09-01", 12, 1.0))
+
+
+def test_an_older_table_gets_the_lakes_properties_at_its_first_write(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from resources.lake import TABLE_CONFIGURATION
+
+    uri = str(tmp_path / "lake" / "weather_raw")
+    DeltaTable.create(uri, SCHEMA, partition_by=PARTITION_COLUMNS)  # as an earlier release made it
+    assert "delta.logRetentionDuration" not in DeltaTable(uri).metadata().configuration
+    lk = Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    res = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 3, 1.0),
+                                 seq=1, first_seq=1)
+    assert res.written
+    assert {k: DeltaTable(uri).metadata().configuration.get(k) for k in TABLE_CONFIGURATION} == TABLE_CONFIGURATION
+
+
+def test_at_once_keeps_the_order_and_hands_back_each_failure() -> None:
+    import threading
+
+    from resources.lake import at_once
+
+    seen: set[int] = set()
+    barrier = threading.Barrier(3, timeout=30)
+
+    def call(n: int) -> int:
+        barrier.wait()  # all three run at the same time, or this times out
+        seen.add(threading.get_ident())
+        if n == 1:
+            raise LakeError("the second write failed")
+        return n * 10
+
+    out = at_once([lambda n=n: call(n) for n in range(3)])
+    assert out[0] == 0 and out[2] == 20 and isinstance(out[1], LakeError)
+    assert len(seen) == 3

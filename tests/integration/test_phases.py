@@ -12,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import dagster as dg
@@ -181,6 +182,19 @@ def test_all_phases_complete_with_ledger_lake_and_deliveries(sl_env: dict[str, s
     for phase in PHASES:
         for table, v in heads[phase.name].summary["delta_versions"].items():
             assert versions[table] == v, table
+    # ... and its files, recorded for the pinned reads, are that version's files of the partition.
+    from deltalake import DeltaTable
+
+    from assets.context import pinned_files
+    for phase in PHASES:
+        summary = heads[phase.name].summary
+        assert set(summary["delta_files"]) == set(phase.tables)
+        for table in phase.tables:
+            dt = DeltaTable(f"{lake_root(sl_env)}/{table}", version=summary["delta_versions"][table])
+            want = {f.rsplit("/", 1)[-1] for f in dt.file_uris([("region_id", "=", REGION), ("day", "=", DAY)])}
+            got = pinned_files(summary, table, SimpleNamespace(region=SimpleNamespace(region_id=REGION), day=DAY))
+            assert {f.rsplit("/", 1)[-1] for f in got} == want, table
+            assert all(f.startswith(f"region_id={REGION}/day={DAY}/") for f in got), got
 
     # Row accounting per landing file, as reported in the ingest checkpoint and found in Delta.
     files = {f["source_file"]: f for f in heads["ingest"].summary["figures"]["files"]}
