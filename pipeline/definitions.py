@@ -52,7 +52,7 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
 
     return {
         "ledger": LedgerResource(dsn=secret("STORMLAKE_PG_DSN", s.pg_dsn), pgdata=str(s.pgdata)),
-        "lake": LakeResource(root=s.lake),
+        "lake": LakeResource(root=s.lake, log_retention_minutes=s.lake_log_retention_minutes),
         "landing": LandingResource(root=str(s.landing), regions_file=str(s.regions_file)),
         "publisher": PublisherResource(
             publish_dir=str(s.publish_dir),

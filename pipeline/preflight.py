@@ -35,7 +35,8 @@ def light_runner(settings: Settings) -> PhaseRunner:
     dsn = settings.pg_dsn or resolve_dsns(None, settings.pgdata)[0]
     return PhaseRunner(
         ledger=get_ledger(dsn),
-        lake=Lake(settings.lake, SCHEMAS, partition_by=PARTITION_COLUMNS),
+        lake=Lake(settings.lake, SCHEMAS, partition_by=PARTITION_COLUMNS,
+                  log_retention_minutes=settings.lake_log_retention_minutes),
         landing=Landing(settings.landing),
         targets=build_targets(settings.publish_dir, settings.webhook_url or None, timeout_s=settings.webhook_timeout_s,
                               max_tries=settings.webhook_tries, backoff_s=settings.webhook_backoff_s),

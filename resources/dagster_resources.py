@@ -17,15 +17,18 @@ from pydantic import PrivateAttr
 from resources.lake import Lake
 from resources.landing import Landing
 from resources.publisher import Target, build_targets
+from resources.settings import DEFAULT_LAKE_LOG_RETENTION_MINUTES
 
 
 class LakeResource(dg.ConfigurableResource):
     """The lake root (``STORMLAKE_LAKE``); ``get`` binds it to the tables' schemas."""
 
     root: str
+    #: ``STORMLAKE_LAKE_LOG_RETENTION_MINUTES``: how long a table's Delta log keeps older commits.
+    log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES
 
     def get(self, schemas: dict[str, pa.Schema], *, partition_by: list[str]) -> Lake:
-        return Lake(self.root, schemas, partition_by=partition_by)
+        return Lake(self.root, schemas, partition_by=partition_by, log_retention_minutes=self.log_retention_minutes)
 
 
 class LandingResource(dg.ConfigurableResource):

@@ -32,6 +32,7 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_de
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from resources.errors import LakeError
+from resources.settings import DEFAULT_LAKE_LOG_RETENTION_MINUTES
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,20 @@ PREFETCH_NICE = 10
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
 CREATE_TRIES = 5  # a table creation racing another process's is tried again
 CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
-#: How long a table's log keeps the commits before its last checkpoint. Every write lists the
-#: log folder and reads what it finds, so its cost grows with the log: about 20 ms a write more
-#: for every 1,000 commits kept (a year of 50 regions is 18,250 commits a table, about 0.4 s a
-#: write). Commits older than this are removed when delta-rs writes a checkpoint (every 100
-#: commits); a pinned read finds its partition's files in the ledger, not in the log (see
-#: :meth:`Lake.read_partition`), so only an outside reader's time travel is bounded by it.
-LOG_RETENTION = "interval 2 minutes"
-#: Table properties every lake table is created with (and an older table is given on first write).
-TABLE_CONFIGURATION = {"delta.logRetentionDuration": LOG_RETENTION}
+#: How long a table's log keeps the commits before its last checkpoint, in minutes
+#: (``STORMLAKE_LAKE_LOG_RETENTION_MINUTES``). Every write lists the log folder and reads what it
+#: finds, so its cost grows with the log: about 0.13 ms a write more for every commit kept (a
+#: year of 50 regions is 18,250 commits a table, seconds a write). Commits older than this are
+#: removed when delta-rs writes a checkpoint (every 100 commits); a pinned read finds its
+#: partition's files in the ledger, not in the log (see :meth:`Lake.read_partition`), so only
+#: an outside reader's time travel is bounded by it.
+DEFAULT_LOG_RETENTION_MINUTES = DEFAULT_LAKE_LOG_RETENTION_MINUTES
+
+
+def table_configuration(log_retention_minutes: int = DEFAULT_LOG_RETENTION_MINUTES) -> dict[str, str]:
+    """The table properties every lake table is created with (and an older table is given at its
+    first write by a process)."""
+    return {"delta.logRetentionDuration": f"interval {log_retention_minutes} minutes"}
 #: Threads that write (and hash) a phase's tables at once: a phase writes at most five.
 WRITER_THREADS = 5
 T = TypeVar("T")
@@ -218,8 +224,9 @@ class Lake:
     """Access to the lake's tables by name."""
 
     def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str],
-                 cache: PartitionCache | None = None):
+                 cache: PartitionCache | None = None, log_retention_minutes: int = DEFAULT_LOG_RETENTION_MINUTES):
         self.root = root
+        self.configuration = table_configuration(log_retention_minutes)
         self.cache = cache if cache is not None else PartitionCache.shared()
         self.schemas = schemas
         self.partition_by = partition_by
@@ -248,7 +255,7 @@ class Lake:
                 if DeltaTable.is_deltatable(uri):
                     break
                 DeltaTable.create(uri, self.schemas[table], mode="ignore", partition_by=self.partition_by,
-                                  configuration=TABLE_CONFIGURATION)
+                                  configuration=self.configuration)
                 break
             except (CommitFailedError, DeltaError, OSError) as exc:
                 if DeltaTable.is_deltatable(uri):
@@ -281,10 +288,10 @@ class Lake:
         return self.table(table)
 
     def _configured(self, table: str, dt: DeltaTable) -> DeltaTable:
-        """``dt`` with :data:`TABLE_CONFIGURATION` set (a table made before a property was added
-        gets it with one commit; a concurrent setter is fine)."""
+        """``dt`` with the lake's :func:`table_configuration` set (a table made before a property was
+        added, or with another retention, gets it with one commit; a concurrent setter is fine)."""
         have = dt.metadata().configuration
-        missing = {k: v for k, v in TABLE_CONFIGURATION.items() if have.get(k) != v}
+        missing = {k: v for k, v in self.configuration.items() if have.get(k) != v}
         if not missing:
             return dt
         try:
@@ -329,7 +336,7 @@ class Lake:
         reader, with its threads, and the partition columns are added back as the constants they
         are. ``files`` are those files as the write recorded them (:attr:`WriteResult.files`):
         then the table is not loaded at the version at all, so the read neither replays the log
-        nor needs the version's commits, which the log's cleanup removes (:data:`LOG_RETENTION`).
+        nor needs the version's commits, which the log's cleanup removes (:data:`DEFAULT_LOG_RETENTION_MINUTES`).
         Without them, or when one is gone, the files come from the table loaded at the version. Elsewhere, or when the table uses a reader feature this
         does not handle (deletion vectors, column mapping), the deltalake dataset is scanned,
         single-threaded: a threaded scan through deltalake's filesystem handler has been seen

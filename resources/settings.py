@@ -17,6 +17,7 @@ from resources.errors import ConfigError
 
 DEFAULT_REGIONS_FILE = Path(__file__).with_name("regions.csv")
 DEFAULT_FIRST_DAY = "2026-09-01"
+DEFAULT_LAKE_LOG_RETENTION_MINUTES = 2  # how long a Delta log keeps older commits (resources/lake.py says why)
 DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
 REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
@@ -59,6 +60,7 @@ class Settings:
     webhook_backoff_s: float = 0.5
     workers: int = 1  # backfill processes at once: the CLI's --workers default and the UI's backfill runs
     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
+    lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
 
     @property
     def pgdata(self) -> Path:
@@ -99,6 +101,8 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
         workers=_workers(get),
         dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", DEFAULT_DEAD_LETTER_AFTER),
+        lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
+                                          DEFAULT_LAKE_LOG_RETENTION_MINUTES, minimum=0),
     )
 
 
@@ -107,12 +111,12 @@ def _workers(get) -> int:  # type: ignore[no-untyped-def]
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
 
 
-def _whole(get, name: str, default: int) -> int:  # type: ignore[no-untyped-def]
+def _whole(get, name: str, default: int, *, minimum: int = 1) -> int:  # type: ignore[no-untyped-def]
     raw = get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name}={raw!r} is not a whole number of at least 1")
+    if not raw.isdigit() or int(raw) < minimum:
+        raise ConfigError(f"{name}={raw!r} is not a whole number of at least {minimum}")
     return int(raw)
 
 

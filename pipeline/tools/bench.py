@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 from assets.context import PartitionRef, PhaseInputs
 from assets.phases import PHASES, Phase
 from resources.files import write_atomic
-from resources.lake import TABLE_CONFIGURATION, at_once
+from resources.lake import at_once, table_configuration
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -295,13 +295,15 @@ class BareContext(PhaseInputs):
 class BareLoop:
     """Runs every phase of a partition through its ``compute`` and writes what it returns."""
 
-    def __init__(self, lake: str, landing: Landing, known_regions: list[str], target: FileTarget):
+    def __init__(self, lake: str, landing: Landing, known_regions: list[str], target: FileTarget,
+                 log_retention_minutes: int):
         import importlib
 
         self.lake = lake
         self.landing = landing
         self.known_regions = known_regions
         self.target = target
+        self.configuration = table_configuration(log_retention_minutes)  # the pipeline's tables' properties
         self.handles: dict[str, Any] = {}  # one DeltaTable per table, kept: this loop is its only writer
         # A phase's compute function lives in the module of the phase's name (assets/ingest.py, ...).
         self.steps = [(phase, importlib.import_module(f"assets.{phase.name}").compute) for phase in PHASES]
@@ -314,7 +316,7 @@ class BareLoop:
         Path(self.lake).mkdir(parents=True, exist_ok=True)
         for table, schema in SCHEMAS.items():
             DeltaTable.create(f"{self.lake}/{table}", schema, mode="ignore", partition_by=PARTITION_COLUMNS,
-                              configuration=TABLE_CONFIGURATION)  # the pipeline's tables' properties
+                              configuration=self.configuration)
             self.handles[table] = DeltaTable(f"{self.lake}/{table}")
 
     def run_partition(self, part: PartitionRef) -> dict[str, float]:
@@ -362,7 +364,8 @@ def _child_bare(spec: dict[str, Any]) -> dict[str, Any]:
     prepare_process()  # the same allocator and collector settings as a process running the pipeline
     settings = load_settings()
     regions = _regions_by_id()
-    loop = BareLoop(settings.lake, Landing(settings.landing), sorted(regions), FileTarget(settings.publish_dir))
+    loop = BareLoop(settings.lake, Landing(settings.landing), sorted(regions), FileTarget(settings.publish_dir),
+                    settings.lake_log_retention_minutes)
     keys = spec["keys"]
     phases = dict.fromkeys((p.name for p in PHASES), 0.0)
     t0 = time.perf_counter()

@@ -226,8 +226,6 @@ def test_a_write_handle_sees_another_processs_commits_before_it_writes(tmp_path:
 def test_a_pinned_read_by_the_recorded_files_outlives_the_logs_cleanup(lk: Lake) -> None:
     from deltalake import DeltaTable
 
-    from resources.lake import TABLE_CONFIGURATION
-
     first = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01",
                                    _rows("gulf_coast", "2026-09-01", 12, 1.0), seq=1, first_seq=1, keep=False)
     assert first.files and all(f.startswith("region_id=gulf_coast/day=2026-09-01/") for f in first.files)
@@ -237,8 +235,7 @@ def test_a_pinned_read_by_the_recorded_files_outlives_the_logs_cleanup(lk: Lake)
                                seq=n, first_seq=n, keep=False)
     uri = lk.uri("weather_raw")
     dt = DeltaTable(uri)
-    assert dt.metadata().configuration["delta.logRetentionDuration"] == TABLE_CONFIGURATION[
-        "delta.logRetentionDuration"]
+    assert dt.metadata().configuration["delta.logRetentionDuration"] == "interval 2 minutes"  # the default
     # What delta-rs does at a checkpoint once the commits are older than the retention.
     dt.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
     dt = DeltaTable(uri)
@@ -254,16 +251,17 @@ def test_a_pinned_read_by_the_recorded_files_outlives_the_logs_cleanup(lk: Lake)
 def test_an_older_table_gets_the_lakes_properties_at_its_first_write(tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
-    from resources.lake import TABLE_CONFIGURATION
-
     uri = str(tmp_path / "lake" / "weather_raw")
     DeltaTable.create(uri, SCHEMA, partition_by=PARTITION_COLUMNS)  # as an earlier release made it
     assert "delta.logRetentionDuration" not in DeltaTable(uri).metadata().configuration
-    lk = Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
-    res = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 3, 1.0),
-                                 seq=1, first_seq=1)
-    assert res.written
-    assert {k: DeltaTable(uri).metadata().configuration.get(k) for k in TABLE_CONFIGURATION} == TABLE_CONFIGURATION
+    for minutes in (2, 30):  # then an operator sets STORMLAKE_LAKE_LOG_RETENTION_MINUTES=30
+        lk = Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache(),
+                  log_retention_minutes=minutes)
+        res = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01",
+                                     _rows("gulf_coast", "2026-09-01", 3, 1.0), seq=minutes, first_seq=minutes)
+        assert res.written
+        got = DeltaTable(uri).metadata().configuration.get("delta.logRetentionDuration")
+        assert got == f"interval {minutes} minutes" == lk.configuration["delta.logRetentionDuration"]
 
 
 def test_at_once_keeps_the_order_and_hands_back_each_failure() -> None:

@@ -99,7 +99,7 @@ def test_the_bare_loop_runs_every_phase_through_its_own_compute(tmp_path: Path) 
     regions = load_regions(DEFAULT_REGIONS_FILE)
     generate_scenario(tmp_path / "landing", regions[:1], days=1, start="2026-09-01", rows_per_partition=300, seed=11)
     loop = BareLoop(str(tmp_path / "lake"), Landing(tmp_path / "landing"), sorted(r.region_id for r in regions),
-                    FileTarget(tmp_path / "published"))
+                    FileTarget(tmp_path / "published"), log_retention_minutes=2)
     loop.create_tables()
     part = PartitionRef.parse(f"2026-09-01|{regions[0].region_id}", {r.region_id: r for r in regions})
 
