@@ -394,9 +394,29 @@ class Lake:
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500,
                           dt: DeltaTable | None = None) -> int | None:
-        """The table version whose commit carries app transaction ``(app, seq)``, if any; searched in
-        ``dt`` (a handle at the latest version) when given, else in the table loaded anew."""
+        """The table version whose commit carries app transaction ``(app, seq)``, if any, among the
+        newest ``search`` commits; from ``dt`` (a handle at the latest version) when given, else
+        from the table loaded anew.
+
+        On a local lake the commits are read from their own files, newest first, so each version
+        is the number in its file's name. deltalake's ``history()`` is not used there: it numbers
+        the commits it lists by counting down from the snapshot's version, and a commit another
+        writer adds while it lists shifts every number after it (seen with two processes writing
+        the same tables: the version of a neighbour's commit, off by one or two, returned as ours).
+        """
         dt = dt if dt is not None else self.table(table)
+        uri = self.uri(table)
+        if "://" not in uri:
+            top = dt.version()
+            while os.path.exists(_commit_file(uri, top + 1)):  # commits made since the handle's version
+                top += 1
+            for version in range(top, max(-1, top - search), -1):
+                commit = _read_commit(uri, version)
+                if commit is None:  # the log's cleanup removed it and everything before it
+                    break
+                if commit.made_by(app, seq):
+                    return version
+            return None
         for entry in dt.history(search):
             if entry.get(APP_KEY) == app and str(entry.get(SEQ_KEY)) == str(seq):
                 return int(entry["version"])
@@ -445,8 +465,9 @@ class Lake:
                         max_commit_retries=50,
                     ),
                 )
-            except CommitFailedError as exc:
-                # Lost a commit race: reload and re-decide (maybe our earlier attempt won it).
+            except (CommitFailedError, FileNotFoundError) as exc:
+                # Lost a commit race, or the log's cleanup removed a commit the write was reading:
+                # reload and re-decide (maybe our earlier attempt won it).
                 self._write_handles.pop(uri, None)
                 if attempt == 5:
                     raise LakeError(f"{table} {region_id}/{day}: commit kept failing: {exc}") from exc
@@ -455,14 +476,20 @@ class Lake:
             except DeltaError as exc:
                 self._write_handles.pop(uri, None)
                 raise LakeError(f"{table} {region_id}/{day}: write failed: {exc}") from exc
-            # The handle now stands at our commit's version; confirm from that commit's info
-            # (the newest entry of the handle's history, no reload) and fall back to a history
-            # search if anything disagrees.
+            # The handle now stands at our commit's version; confirm it from that commit itself
+            # (its file on a local lake; else the newest entry of the history) and search the
+            # commits if anything disagrees. (``history(1)`` lists the log as it is now, so another
+            # writer's newer commit can stand there: it is not used on a local lake.)
             version = dt.version()
-            entry = dt.history(1)
-            if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app
-                    or str(entry[0].get(SEQ_KEY)) != str(seq)):
-                version = self.committed_version(table, app, seq)  # the table loaded anew
+            if "://" not in uri:
+                commit = _read_commit(uri, version)
+                if commit is None or not commit.made_by(app, seq):
+                    version = self.committed_version(table, app, seq, dt=dt)
+            else:
+                entry = dt.history(1)
+                if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app
+                        or str(entry[0].get(SEQ_KEY)) != str(seq)):
+                    version = self.committed_version(table, app, seq)  # the table loaded anew
             if version is None:
                 raise LakeError(f"{table} {region_id}/{day}: commit of seq {seq} not found in the table history")
             if keep:
@@ -536,22 +563,45 @@ def _has_commits_after(uri: str, version: int) -> bool:
     return os.path.exists(_commit_file(uri, version + 1)) or not os.path.exists(_commit_file(uri, version))
 
 
+@dataclass(frozen=True)
+class _Commit:
+    """What this module reads of one commit of a local table: its commit info and its adds."""
+
+    info: dict
+    adds: tuple[dict, ...]
+
+    def made_by(self, app: str, seq: int) -> bool:
+        return self.info.get(APP_KEY) == app and str(self.info.get(SEQ_KEY)) == str(seq)
+
+
+def _read_commit(uri: str, version: int) -> _Commit | None:
+    """Commit ``version`` of a local table from its JSON file; None when the file is not there."""
+    info: dict = {}
+    adds = []
+    try:
+        with open(_commit_file(uri, version), encoding="utf-8") as f:
+            for line in f:
+                action = json.loads(line)
+                if "commitInfo" in action:
+                    info = action["commitInfo"]
+                elif "add" in action:
+                    adds.append(action["add"])
+    except (OSError, ValueError):
+        return None
+    return _Commit(info, tuple(adds))
+
+
 def _partition_files(uri: str, version: int, region_id: str, day: str) -> tuple[str, ...] | None:
     """The data files a partition overwrite added in commit ``version`` (its partition's files at
     that version: the overwrite removed the others), from the commit's JSON; None for a remote
     table or a commit no longer in the log."""
     if "://" in uri:
         return None
-    files = []
-    try:
-        with open(_commit_file(uri, version), encoding="utf-8") as f:
-            for line in f:
-                add = json.loads(line).get("add")
-                if add is not None and add.get("partitionValues") == {"region_id": region_id, "day": day}:
-                    files.append(add["path"])
-    except (OSError, ValueError):
+    commit = _read_commit(uri, version)
+    if commit is None:
         return None
-    return tuple(files)
+    values = {"region_id": region_id, "day": day}
+    return tuple(add["path"] for add in commit.adds if add.get("partitionValues") == values)
 
 
 def _commit_file(uri: str, version: int) -> str:

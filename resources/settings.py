@@ -102,7 +102,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         workers=_workers(get),
         dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", DEFAULT_DEAD_LETTER_AFTER),
         lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
-                                          DEFAULT_LAKE_LOG_RETENTION_MINUTES, minimum=0),
+                                          DEFAULT_LAKE_LOG_RETENTION_MINUTES),
     )
 
 
@@ -111,12 +111,12 @@ def _workers(get) -> int:  # type: ignore[no-untyped-def]
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
 
 
-def _whole(get, name: str, default: int, *, minimum: int = 1) -> int:  # type: ignore[no-untyped-def]
+def _whole(get, name: str, default: int) -> int:  # type: ignore[no-untyped-def]
     raw = get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < minimum:
-        raise ConfigError(f"{name}={raw!r} is not a whole number of at least {minimum}")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name}={raw!r} is not a whole number of at least 1")
     return int(raw)
 
 

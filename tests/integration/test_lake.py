@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -282,3 +283,49 @@ def test_at_once_keeps_the_order_and_hands_back_each_failure() -> None:
     out = at_once([lambda n=n: call(n) for n in range(3)])
     assert out[0] == 0 and out[2] == 20 and isinstance(out[1], LakeError)
     assert len(seen) == 3
+
+
+def _write_days(root: str, region: str, days: int, first_seq: int, out) -> None:  # noqa: ANN001 - a Queue
+    """One writer process: ``days`` partitions of ``region``, each partition's five tables at once."""
+    from resources.lake import at_once
+
+    lk = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    tables = ["weather_raw", "outages_raw", "customers_ref", "terrain_ref", "quarantine"]
+    results = []
+    for i in range(days):
+        day = f"2026-09-{i + 1:02d}"
+        seq = first_seq + 2 * i
+        data = {t: _rows(region, day, 3, float(i)) if t == "weather_raw" else SCHEMAS[t].empty_table() for t in tables}
+        writes = [partial(lk.overwrite_partition, t, region, day, data[t], seq=seq, first_seq=seq, keep=False)
+                  for t in tables]
+        for table, res in zip(tables, at_once(writes), strict=True):
+            if isinstance(res, BaseException):
+                raise res
+            results.append((table, region, day, seq, res.version, res.files))
+    out.put(results)
+
+
+def test_two_processes_writing_the_same_tables_each_get_their_own_commits_version_and_files(tmp_path: Path) -> None:
+    """Each write's version is the commit that carries its app transaction, and its files are that
+    partition's, while another process commits to the same tables between and during its writes."""
+    import multiprocessing
+
+    from resources.lake import _read_commit, app_id
+
+    root = str(tmp_path / "lake")
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_write_days, args=(root, region, 28, n, out))
+             for n, region in enumerate(("gulf_coast", "pine_belt"), 1)]
+    for p in procs:
+        p.start()
+    results = [row for _ in procs for row in out.get(timeout=600)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(results) == 2 * 28 * 5
+    for table, region, day, seq, version, files in results:
+        commit = _read_commit(f"{root}/{table}", version)
+        assert commit is not None and commit.made_by(app_id(table, region, day), seq), (table, region, day, version)
+        if table == "weather_raw":
+            assert files and all(f.startswith(f"region_id={region}/day={day}/") for f in files), files
