@@ -20,6 +20,7 @@ from assets.phases import LAST_READER, TABLE_PHASE, Phase
 from resources import faults
 from resources.errors import ConfigError, StormlakeError
 from resources.keys import split_partition_key
+from resources.lake import at_once
 from resources.publisher import Artifact
 from resources.settings import Region
 
@@ -146,15 +147,7 @@ class PhaseContext(PhaseInputs):
 
     def call(self, kind: str, name: str, input: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Make an outside call once per checkpoint: a retried attempt gets the recorded output."""
-        assert self.claim is not None
-        key = f"{kind}:{name}:{hash_json(input)[:16]}"
-        if key in self.claim.recorded:
-            self.runner.log(f"{self.phase.name}: {kind} {name} answered from the record")
-            return dict(self.claim.recorded[key], replayed=True)
-        output = fn()
-        self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
-        faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
-        return output
+        return self.call_all(kind, [(name, input, fn)])[0]
 
     def call_all(self, kind: str, calls: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]]
                  ) -> list[dict[str, Any]]:
@@ -163,9 +156,8 @@ class PhaseContext(PhaseInputs):
         :meth:`call` records it (an earlier attempt's record answers instead). When calls fail,
         the ones that succeeded before the first failure are recorded, then that failure is raised;
         a call that succeeded but is not recorded is made again by the next attempt, so ``fn``
-        must be idempotent (a Delta write is: its app transaction finds the earlier commit)."""
-        from resources.lake import at_once
-
+        must be idempotent (a Delta write is: its app transaction finds the earlier commit). One
+        call runs on the calling thread."""
         assert self.claim is not None
         keys = [f"{kind}:{name}:{hash_json(input)[:16]}" for name, input, _fn in calls]
         todo = [i for i, key in enumerate(keys) if key not in self.claim.recorded]

@@ -50,10 +50,9 @@ CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
 #: removed when delta-rs writes a checkpoint (every 100 commits); a pinned read finds its
 #: partition's files in the ledger, not in the log (see :meth:`Lake.read_partition`), so only
 #: an outside reader's time travel is bounded by it.
-DEFAULT_LOG_RETENTION_MINUTES = DEFAULT_LAKE_LOG_RETENTION_MINUTES
 
 
-def table_configuration(log_retention_minutes: int = DEFAULT_LOG_RETENTION_MINUTES) -> dict[str, str]:
+def table_configuration(log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES) -> dict[str, str]:
     """The table properties every lake table is created with (and an older table is given at its
     first write by a process)."""
     return {"delta.logRetentionDuration": f"interval {log_retention_minutes} minutes"}
@@ -224,7 +223,7 @@ class Lake:
     """Access to the lake's tables by name."""
 
     def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str],
-                 cache: PartitionCache | None = None, log_retention_minutes: int = DEFAULT_LOG_RETENTION_MINUTES):
+                 cache: PartitionCache | None = None, log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES):
         self.root = root
         self.configuration = table_configuration(log_retention_minutes)
         self.cache = cache if cache is not None else PartitionCache.shared()
@@ -336,8 +335,9 @@ class Lake:
         reader, with its threads, and the partition columns are added back as the constants they
         are. ``files`` are those files as the write recorded them (:attr:`WriteResult.files`):
         then the table is not loaded at the version at all, so the read neither replays the log
-        nor needs the version's commits, which the log's cleanup removes (:data:`DEFAULT_LOG_RETENTION_MINUTES`).
-        Without them, or when one is gone, the files come from the table loaded at the version. Elsewhere, or when the table uses a reader feature this
+        nor needs the version's commits, which the log's cleanup removes (see
+        :func:`table_configuration`). Without them, or when one is gone, the files come from the
+        table loaded at the version. Elsewhere, or when the table uses a reader feature this
         does not handle (deletion vectors, column mapping), the deltalake dataset is scanned,
         single-threaded: a threaded scan through deltalake's filesystem handler has been seen
         to abort the interpreter at exit with deltalake 1.6 and pyarrow 26.
@@ -373,13 +373,11 @@ class Lake:
         if files is not None and "://" not in uri and self._plain_parquet(table):
             paths = [f"{uri}/{urllib.parse.unquote(f)}" for f in files]
             if all(os.path.exists(p) for p in paths):
-                parts = [_with_partition(pq.ParquetFile(p).read(use_threads=threads), region_id, day) for p in paths]
-                return pa.concat_tables([_conformed(p, schema) for p in parts]) if parts else schema.empty_table()
+                return _read_files(paths, region_id, day, schema, threads=threads)
         dt = self.table(table, version)
-        if "://" not in self.uri(table) and not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ()):
-            files = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
-            parts = [_with_partition(pq.ParquetFile(f).read(use_threads=threads), region_id, day) for f in files]
-            return pa.concat_tables([_conformed(p, schema) for p in parts]) if parts else schema.empty_table()
+        if "://" not in uri and _plain(dt):
+            paths = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
+            return _read_files(paths, region_id, day, schema, threads=threads)
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
 
@@ -390,7 +388,7 @@ class Lake:
         dt = self._write_handles.get(uri) or self._count_handles.get(uri)
         if dt is None:
             dt = self._count_handles[uri] = self.table(table)
-        return not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ())
+        return _plain(dt)
 
     def committed_version(self, table: str, app: str, seq: int, *, search: int = 500,
                           dt: DeltaTable | None = None) -> int | None:
@@ -451,7 +449,7 @@ class Lake:
                 version = self.committed_version(table, app, done, dt=dt)
                 if version is not None:
                     return WriteResult(table, version, written=False, rows=data.num_rows,
-                                       files=_partition_files(uri, version, region_id, day))
+                                       files=_files_of(_read_commit(uri, version), region_id, day))
             try:
                 write_deltalake(
                     dt,
@@ -481,10 +479,12 @@ class Lake:
             # commits if anything disagrees. (``history(1)`` lists the log as it is now, so another
             # writer's newer commit can stand there: it is not used on a local lake.)
             version = dt.version()
+            commit = None
             if "://" not in uri:
                 commit = _read_commit(uri, version)
                 if commit is None or not commit.made_by(app, seq):
                     version = self.committed_version(table, app, seq, dt=dt)
+                    commit = None if version is None else _read_commit(uri, version)
             else:
                 entry = dt.history(1)
                 if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app
@@ -495,7 +495,7 @@ class Lake:
             if keep:
                 self.cache.remember((uri, region_id, day, version), data)
             return WriteResult(table, version, written=True, rows=data.num_rows,
-                               files=_partition_files(uri, version, region_id, day))
+                               files=_files_of(commit, region_id, day))
         raise LakeError(f"{table} {region_id}/{day}: write did not complete")
 
     def row_count(self, table: str, version: int) -> int | None:
@@ -565,19 +565,22 @@ def _has_commits_after(uri: str, version: int) -> bool:
 
 @dataclass(frozen=True)
 class _Commit:
-    """What this module reads of one commit of a local table: its commit info and its adds."""
+    """What this module reads of one commit of a local table: its commit info, its add actions
+    and the paths its remove actions name."""
 
     info: dict
     adds: tuple[dict, ...]
+    removes: tuple[str, ...]
 
     def made_by(self, app: str, seq: int) -> bool:
         return self.info.get(APP_KEY) == app and str(self.info.get(SEQ_KEY)) == str(seq)
 
 
 def _read_commit(uri: str, version: int) -> _Commit | None:
-    """Commit ``version`` of a local table from its JSON file; None when the file is not there."""
+    """Commit ``version`` of a local table from its JSON file; None when the file is not there
+    (or not JSON)."""
     info: dict = {}
-    adds = []
+    adds, removes = [], []
     try:
         with open(_commit_file(uri, version), encoding="utf-8") as f:
             for line in f:
@@ -586,18 +589,17 @@ def _read_commit(uri: str, version: int) -> _Commit | None:
                     info = action["commitInfo"]
                 elif "add" in action:
                     adds.append(action["add"])
-    except (OSError, ValueError):
+                elif "remove" in action:
+                    removes.append(action["remove"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return _Commit(info, tuple(adds))
+    return _Commit(info, tuple(adds), tuple(removes))
 
 
-def _partition_files(uri: str, version: int, region_id: str, day: str) -> tuple[str, ...] | None:
-    """The data files a partition overwrite added in commit ``version`` (its partition's files at
-    that version: the overwrite removed the others), from the commit's JSON; None for a remote
-    table or a commit no longer in the log."""
-    if "://" in uri:
-        return None
-    commit = _read_commit(uri, version)
+def _files_of(commit: _Commit | None, region_id: str, day: str) -> tuple[str, ...] | None:
+    """The data files a partition overwrite added in ``commit`` (its partition's files at that
+    version: the overwrite removed the others); None without the commit (a remote table, a
+    commit no longer in the log)."""
     if commit is None:
         return None
     values = {"region_id": region_id, "day": day}
@@ -632,20 +634,19 @@ class _FileRows:
         files = dict(self.files)
         try:
             for v in range(self.version + 1, version + 1):
-                with open(_commit_file(uri, v), encoding="utf-8") as f:
-                    for line in f:
-                        action = json.loads(line)
-                        if "add" in action:
-                            add = action["add"]
-                            if add.get("deletionVector"):
-                                return False
-                            rows = json.loads(add.get("stats") or "{}").get("numRecords")
-                            if rows is None:
-                                return False
-                            files[_log_path(add["path"])] = int(rows)
-                        elif "remove" in action:
-                            files.pop(_log_path(action["remove"]["path"]), None)
-        except (OSError, ValueError, KeyError, TypeError):
+                commit = _read_commit(uri, v)
+                if commit is None:
+                    return False
+                for add in commit.adds:
+                    if add.get("deletionVector"):
+                        return False
+                    rows = json.loads(add.get("stats") or "{}").get("numRecords")
+                    if rows is None:
+                        return False
+                    files[_log_path(add["path"])] = int(rows)
+                for path in commit.removes:
+                    files.pop(_log_path(path), None)
+        except (ValueError, KeyError, TypeError):
             return False
         self.version, self.files = version, files
         return True
@@ -653,6 +654,19 @@ class _FileRows:
 
 # Reader features under which a data file alone does not give the rows (or their names).
 _UNHANDLED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping"})
+
+
+def _plain(dt: DeltaTable) -> bool:
+    """Whether the table's data files are read as they are (no reader feature of
+    :data:`_UNHANDLED_READER_FEATURES`)."""
+    return not _UNHANDLED_READER_FEATURES & set(dt.protocol().reader_features or ())
+
+
+def _read_files(paths: Sequence[str], region_id: str, day: str, schema: pa.Schema, *, threads: bool) -> pa.Table:
+    """A partition's rows from its Parquet files (the partition columns added back), in ``schema``."""
+    parts = [_conformed(_with_partition(pq.ParquetFile(p).read(use_threads=threads), region_id, day), schema)
+             for p in paths]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:
