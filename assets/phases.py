@@ -53,7 +53,7 @@ CORRELATE = Phase(
 )
 PRESENT = Phase(
     name="present", asset="operational_picture", tier=4, tier_label="published", schema_version=2,
-    code_version="5", upstream_phases=("ingest", "enrich", "correlate"),
+    code_version="6", upstream_phases=("ingest", "enrich", "correlate"),
     input_tables=("outages_enriched", "cell_hour_stats", "cell_risk", "storm_clusters", "customers_ref"),
     tables=("region_day_summary",),
 )

@@ -74,7 +74,7 @@ PID_TAG = "stormlake/run_worker_pid"
 HOST_TAG = "stormlake/run_worker_host"
 #: The modules the zygote imports before its first fork: the code location and what its phases
 #: import only when they run (the report's drawing, Delta writes).
-WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.render",
+WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.pictures",
                 "assets.transforms.present", "deltalake", "resources.pgserver",
                 # what Dagster imports only when it executes a run
                 "dagster._cli", "dagster._utils.test", "dagster._core.system_config.composite_descent",
@@ -374,7 +374,7 @@ def zygote_main() -> None:
     # are not kept (dagster-postgres opens one per call unless pooled, which only a run does).
     with dg.DagsterInstance.get():
         pass
-    # The pictures' templates are drawn once here, for every run (see prepare_templates).
+    # What present makes once per process (the page template) is made here, for every run.
     from assets.partitions import regions
     from assets.transforms.present import prepare
 

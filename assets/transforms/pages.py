@@ -1,7 +1,8 @@
 """HTML pages from templates: the report of `stormlake report` and the artifact page of present.
 
 Jinja2 with autoescape on, so a value from a landing file or an error message is always text on
-the page, never markup. Pictures go inline as PNG ``data:`` URIs: a page needs nothing at view time.
+the page, never markup. Pictures go inline (``stormlake report``'s as PNG ``data:`` URIs, the
+present phase's as ``<svg>`` elements): a page needs nothing at view time.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ tables behind it into the three published files of contract section 6.
 Artifacts are byte-for-byte deterministic for the same inputs (their sha256 is the artifact id
 and a re-run with unchanged inputs must deliver nothing): no clock, no random ids, no version
 stamps; rows are sorted before use; floats are rounded to fixed decimals; JSON is written with
-sorted keys and fixed separators. The pictures come from :mod:`assets.transforms.render`; the
+sorted keys and fixed separators. The pictures (SVG) come from :mod:`assets.transforms.pictures`; the
 page is ``templates/report.html.j2``, rendered through :mod:`assets.transforms.pages`.
 
 Definitions (documented here because the contract leaves them open):
@@ -39,6 +39,7 @@ from typing import Any
 
 import h3
 import jinja2
+import markupsafe
 import pandas as pd
 import pyarrow as pa
 
@@ -51,7 +52,7 @@ from assets.schemas import (
     STORM_CLUSTERS,
 )
 from assets.transforms.pages import html_escaped, page_environment
-from assets.transforms.render import prepare_templates, render_hourly_png, render_map_png
+from assets.transforms.pictures import render_hourly_svg, render_map_svg
 from resources.settings import Region
 
 TOP_FEEDERS = 10
@@ -487,10 +488,10 @@ def _degrees(value: float, pos: str, neg: str) -> str:
 
 
 def prepare(regions: Sequence[Region]) -> None:
-    """Make now what present makes once per process (the page template, the pictures'
-    templates for ``regions``), in a process about to fork the processes that run it."""
+    """Make now what present makes once per process (the page template), in a process about to
+    fork the processes that run it. ``regions``: the regions those processes will draw (the
+    pictures need nothing made ahead for them)."""
     _report_template()
-    prepare_templates(regions)
 
 
 @functools.cache
@@ -507,8 +508,8 @@ def _report_html(
     summary: pd.DataFrame,
     clusters: pd.DataFrame,
     enriched: pd.DataFrame,
-    map_png: bytes,
-    hourly_png: bytes,
+    map_svg: str,
+    hourly_svg: str,
 ) -> bytes:
     """The report page: the day's figures, the two pictures, and the clusters, feeders and backlog."""
     page = _report_template().render(
@@ -518,8 +519,8 @@ def _report_html(
         clusters=_cluster_records(clusters),
         feeders=_feeder_ranking(summary),
         backlog=_backlog(enriched, day),
-        map_png=map_png,
-        hourly_png=hourly_png,
+        map_svg=markupsafe.Markup(map_svg),
+        hourly_svg=markupsafe.Markup(hourly_svg),
     )
     return page.encode("utf-8")
 
@@ -556,10 +557,10 @@ def render_artifacts(
     cell_risk = _conform(cell_risk, CELL_RISK, "cell_risk")
     clusters = _conform(clusters, STORM_CLUSTERS, "storm_clusters")
     enriched = _conform(enriched, OUTAGES_ENRICHED, "outages_enriched")
-    map_png = render_map_png(region=region, day=day, cell_risk=cell_risk, clusters=clusters)
-    hourly_png = render_hourly_png(region=region, day=day, enriched=enriched, cell_hour=cell_hour)
+    map_svg = render_map_svg(region=region, day=day, cell_risk=cell_risk, clusters=clusters)
+    hourly_svg = render_hourly_svg(region=region, day=day, enriched=enriched, cell_hour=cell_hour)
     return {
         "summary.json": _summary_json(region, day, summary, clusters),
         "clusters.geojson": _clusters_geojson(region, day, clusters),
-        "report.html": _report_html(region, day, summary, clusters, enriched, map_png, hourly_png),
+        "report.html": _report_html(region, day, summary, clusters, enriched, map_svg, hourly_svg),
     }

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import gc
 import hashlib
 import io
 import json
@@ -13,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import h3
@@ -30,8 +29,10 @@ from assets.schemas import (
     REGION_DAY_SUMMARY,
     STORM_CLUSTERS,
 )
+from assets.transforms import pictures
+from assets.transforms.pictures import render_hourly_svg, render_map_svg
 from assets.transforms.present import render_artifacts, summarize
-from assets.transforms.render import DPI, encode_png, render_hourly_png, render_map_png
+from assets.transforms.render import DPI, encode_png
 from resources.publisher import ARTIFACT_KINDS
 from resources.settings import Region
 
@@ -369,10 +370,16 @@ def _empty_inputs() -> dict[str, pd.DataFrame]:
     }
 
 
-def _pngs(page: str) -> list[bytes]:
-    return [
-        base64.b64decode(m) for m in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    ]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _svgs(page: str) -> list[ET.Element]:
+    """The pictures of a page: its inline ``<svg>`` elements, parsed (so each is well-formed XML)."""
+    return [ET.fromstring(m) for m in re.findall(r"<svg .*?</svg>", page, flags=re.S)]
+
+
+def _texts(svg: ET.Element) -> list[str]:
+    return ["".join(t.itertext()) for t in svg.iter(f"{SVG}text")]
 
 
 @pytest.fixture(scope="module")
@@ -583,14 +590,27 @@ def test_report_html(small) -> None:
     page = arts["report.html"].decode("utf-8")
     assert page.startswith("<!DOCTYPE html>")
     assert "Gulf Coast" in page and DAY in page
-    assert "http://" not in page and "https://" not in page and "//cdn" not in page
-    assert "<script" not in page and "<link" not in page
-    pngs = _pngs(page)
-    assert len(pngs) == 2
-    for png in pngs:
-        assert png[:8] == b"\x89PNG\r\n\x1a\n"
-        assert len(png) > 10_000
-        assert b"matplotlib" not in png and b"Software" not in png  # no version stamp
+    fetched = page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a name, never fetched
+    assert "http://" not in fetched and "https://" not in fetched and "//cdn" not in fetched
+    assert "<script" not in page and "<link" not in page and "<img" not in page
+    map_svg, hourly_svg = _svgs(page)
+    assert map_svg.get("viewBox") == "0 0 880 760" and hourly_svg.get("viewBox") == "0 0 880 400"
+    # the map: every cell drawn once, in its risk's colour; both clusters outlined, labelled and titled
+    cells = [p for p in map_svg.iter(f"{SVG}path") if p.get("fill", "").startswith("#") and p.get("d", "").startswith("M")]
+    drawn = {p.get("fill"): p.get("d").count("M") for p in cells}
+    inputs = build_inputs()
+    want = pd.Series(pictures.risk_colors(inputs["cell_risk"]["risk"].to_numpy())).value_counts().to_dict()
+    assert drawn == want
+    assert {"C1", "C2", "Storm cluster (2)", "Region box", "Longitude (°)", "Latitude (°)"} <= set(_texts(map_svg))
+    titles = ["".join(t.itertext()) for t in map_svg.iter(f"{SVG}title")]
+    assert any(t.startswith("C1: ") and " outages, " in t for t in titles)
+    # the hourly chart: a bar per hour with outages, every hour's figures in its title
+    hours = ["".join(t.itertext()) for t in hourly_svg.iter(f"{SVG}title")]
+    assert len(hours) == 24 and hours[3].startswith("03:00–04:00 UTC: ")
+    counts = inputs["enriched"]["hour"].value_counts()
+    assert [int(h.split(": ")[1].split()[0]) for h in hours] == [int(counts.get(h, 0)) for h in range(24)]
+    bars = next(p for p in hourly_svg.iter(f"{SVG}path") if p.get("fill") == pictures.BAR_COLOR)
+    assert bars.get("d").count("M") == int((counts > 0).sum())
     # tables: clusters, feeders and the open outages (largest first)
     assert ">C1<" in page and ">C2<" in page
     assert page.index(">E03<") < page.index(">E05<") < page.index(">E07<")
@@ -617,8 +637,9 @@ def test_empty_inputs_still_give_valid_artifacts() -> None:
     assert doc["summary"]["peak_hour"] is None
     page = arts["report.html"].decode("utf-8")
     assert "Gulf Coast" in page and "No storm clusters" in page
-    pngs = _pngs(page)
-    assert len(pngs) == 2 and all(p[:8] == b"\x89PNG\r\n\x1a\n" and len(p) > 5_000 for p in pngs)
+    map_svg, hourly_svg = _svgs(page)
+    assert "No cell data for this day" in _texts(map_svg) and "Storm cluster (0)" in _texts(map_svg)
+    assert "No outages reported" in _texts(hourly_svg)
 
 
 # ---- determinism ----------------------------------------------------------------------------
@@ -668,34 +689,27 @@ def test_deterministic_across_processes(small) -> None:
 
 
 def test_pictures_do_not_depend_on_what_was_drawn_before(small) -> None:
-    """A picture is its template (per region for the map, one for the hourly chart, drawn once
-    and kept) with the day's artists drawn over it: the bytes are the same from
-    a fresh template and after other regions, days and scales were drawn on the same one."""
-    from assets.transforms import render
-
+    """The only state the pictures keep is the cells' outlines (computed once per process): the
+    bytes are the same with them computed afresh and after other regions, days and scales."""
     inputs, _, _ = small
 
-    def pictures(region: Region, data: dict[str, pd.DataFrame], day: str = DAY) -> tuple[bytes, bytes]:
-        return (render_map_png(region=region, day=day, cell_risk=data["cell_risk"], clusters=data["clusters"]),
-                render_hourly_png(region=region, day=day, enriched=data["enriched"], cell_hour=data["cell_hour"]))
+    def drawn(region: Region, data: dict[str, pd.DataFrame], day: str = DAY) -> tuple[str, str]:
+        return (render_map_svg(region=region, day=day, cell_risk=data["cell_risk"], clusters=data["clusters"]),
+                render_hourly_svg(region=region, day=day, enriched=data["enriched"], cell_hour=data["cell_hour"]))
 
-    render._map_templates.clear()
-    render._hourly_templates.clear()
-    first = pictures(REGION, inputs)
+    pictures._cell_outlines.clear()
+    first = drawn(REGION, inputs)
     other = Region("other", "Another region", 40.0, 41.0, -80.0, -79.0)
-    between = [pictures(other, _empty_inputs()), pictures(REGION, _empty_inputs(), "2026-09-02"),
-               pictures(REGION, build_large_inputs())]
-    assert len(render._map_templates) == 2 and len(render._hourly_templates) == 1  # one for every scale
+    between = [drawn(other, _empty_inputs()), drawn(REGION, _empty_inputs(), "2026-09-02"),
+               drawn(REGION, build_large_inputs())]
     assert all(b[0] != first[0] and b[1] != first[1] for b in between)
-    assert pictures(REGION, inputs) == first
-    render._map_templates.clear()
-    render._hourly_templates.clear()
-    assert pictures(REGION, inputs) == first
-    # A drawing that fails leaves its template as it was.
+    assert drawn(REGION, inputs) == first
+    pictures._cell_outlines.clear()
+    assert drawn(REGION, inputs) == first
     broken = inputs["clusters"].assign(cluster_id="not a number")
     with pytest.raises(ValueError):
-        render_map_png(region=REGION, day=DAY, cell_risk=inputs["cell_risk"], clusters=broken)
-    assert pictures(REGION, inputs) == first
+        render_map_svg(region=REGION, day=DAY, cell_risk=inputs["cell_risk"], clusters=broken)
+    assert drawn(REGION, inputs) == first
 
 
 # ---- speed ----------------------------------------------------------------------------------
@@ -710,17 +724,6 @@ def test_render_is_fast_for_a_full_region() -> None:
     elapsed = time.perf_counter() - t0
     assert elapsed < 5.0, f"rendering took {elapsed:.2f}s"
     assert len(json.loads(arts["clusters.geojson"])["features"]) == 3
-
-
-def test_rendering_ignores_and_keeps_caller_rcparams(small) -> None:
-    import matplotlib as mpl
-
-    _, _, arts = small
-    with mpl.rc_context({"lines.linewidth": 7.0, "font.size": 20.0, "axes.facecolor": "black"}):
-        before = dict(mpl.rcParams)
-        _, again = run_all(build_inputs())
-        assert dict(mpl.rcParams) == before  # nothing leaks out of the renderer
-    assert _digests(again) == _digests(arts)  # and the caller's style does not leak in
 
 
 # ---- pictures -------------------------------------------------------------------------------
@@ -753,69 +756,79 @@ def test_png_encoder_round_trips() -> None:
             encode_png(bad)
 
 
-def _blank_border_px(png: bytes) -> int:
-    """Width of the blank (white) frame around the ink of a picture."""
-    ink = (np.asarray(Image.open(io.BytesIO(png)).convert("RGB")) < 250).any(axis=2)
-    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
-    return int(min(rows[0], cols[0], ink.shape[0] - 1 - rows[-1], ink.shape[1] - 1 - cols[-1]))
+def _reach(svg: ET.Element) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) of what a picture draws outside its cells' and outlines' group
+    (clipped to the plot): boxes, lines and the texts' extents, a text's width estimated from its
+    length at :data:`pictures._CHAR_EM` of its font size (its ``textLength`` when it has one)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for el in svg.iter():
+        tag = el.tag.removeprefix(SVG)
+        if tag == "rect" and el.get("x") is not None:
+            x, y, w, h = (float(el.get(k)) for k in ("x", "y", "width", "height"))
+            xs += [x, x + w]
+            ys += [y, y + h]
+        elif tag == "text":
+            size = float(el.get("font-size", pictures._TICK_FONT))
+            width = float(el.get("textLength") or len("".join(el.itertext())) * pictures._CHAR_EM * size)
+            if el.get("transform"):  # rotated -90° about its anchor point: it runs upwards
+                x, y = map(float, re.match(r"translate\(([-\d.]+) ([-\d.]+)\)", el.get("transform")).groups())
+                xs += [x - size, x]
+                ys += [y - width / 2, y + width / 2]
+                continue
+            x, y = float(el.get("x")), float(el.get("y"))
+            left = {"start": x, "middle": x - width / 2, "end": x - width}[el.get("text-anchor", "start")]
+            xs += [left, left + width]
+            ys += [y - size, y + 0.25 * size]
+    return min(xs), min(ys), max(xs), max(ys)
 
 
 def test_pictures_are_not_cut_at_the_edges() -> None:
-    """Titles, tick labels and axis labels stay inside the picture for any region shape and count."""
-    tall = Region("tall", "A tall and narrow region with a long name", 40.0, 43.0, -75.0, -74.5)
+    """Titles, tick labels, axis labels, the legend and the colour bar stay inside the picture for
+    any region shape and name, and the hourly chart's value axes have room for six-digit labels."""
+    tall = Region("tall", "A tall and narrow region with a long name that goes on and on and on and on", 40.0,
+                  43.0, -75.0, -74.5)
     wide = Region("wide", "Wide south-eastern region", -34.2, -33.4, 149.5, 152.5)
     for region, inputs in ((REGION, build_inputs()), (tall, _empty_inputs()), (wide, _empty_inputs())):
-        # (no cells: the map's extent is the region's box)
-        png = render_map_png(region=region, day=DAY, cell_risk=inputs["cell_risk"], clusters=inputs["clusters"])
-        assert _blank_border_px(png) >= 4, region.region_id
+        svg = ET.fromstring(render_map_svg(region=region, day=DAY, cell_risk=inputs["cell_risk"],
+                                           clusters=inputs["clusters"]))
+        width, height = map(float, svg.get("viewBox").split()[2:])
+        assert width == 880 and (height < 600 if region is wide else height <= 770)  # wide: no blank rows
+        left, top, right, bottom = _reach(svg)
+        assert left >= 4 and top >= 4 and right <= width - 4 and bottom <= height - 4, (region.region_id, _reach(svg))
     many = pd.DataFrame({"hour": np.repeat(np.arange(24), 30), "gust_ms": 30.0})
     many = many.loc[many.index.repeat(5000)]  # 150,000 outages an hour: six-digit tick labels
     for enriched in (build_inputs()["enriched"], many):
-        png = render_hourly_png(region=REGION, day=DAY, enriched=enriched, cell_hour=enriched.iloc[0:0])
-        assert _blank_border_px(png) >= 4
+        svg = ET.fromstring(render_hourly_svg(region=REGION, day=DAY, enriched=enriched, cell_hour=enriched.iloc[0:0]))
+        assert "150000" in _texts(svg) or len(enriched) < 1000
+        left, top, right, bottom = _reach(svg)
+        assert left >= 4 and top >= 4 and right <= 876 and bottom <= 396, _reach(svg)
+        # the count labels (digits) end before the axis label beside them begins
+        texts = list(svg.iter(f"{SVG}text"))
+        label_x = next(float(re.match(r"translate\(([-\d.]+)", t.get("transform")).group(1))
+                       for t in texts if "".join(t.itertext()) == "Outages")
+        counts = [t for t in texts if t.get("text-anchor") == "end"]
+        widest = max(len("".join(t.itertext())) * pictures._DIGIT_EM * pictures._TICK_FONT for t in counts)
+        assert min(float(t.get("x")) for t in counts) - widest >= label_x + 2
 
 
-def test_drawing_pauses_the_garbage_collector_and_restores_it(small) -> None:
-    """No collection runs while a figure is drawn (each would promote the live figure's objects
-    towards the old generation, whose collections scan the whole heap): one young collection after
-    a picture frees it. The collector's state is restored, also when drawing fails."""
-    inputs, _, _ = small
-    collections: list[tuple[int, int]] = []  # (generation, objects freed)
-
-    def count(phase: str, info: dict) -> None:
-        if phase == "stop":
-            collections.append((info["generation"], info["collected"]))
-
-    def draw() -> None:
-        render_map_png(region=REGION, day=DAY, cell_risk=inputs["cell_risk"], clusters=inputs["clusters"])
-        render_hourly_png(region=REGION, day=DAY, enriched=inputs["enriched"], cell_hour=inputs["cell_hour"])
-
-    assert gc.isenabled()
-    draw()  # imports and font caches
-    gc.collect()
-    gc.callbacks.append(count)
-    try:
-        for _ in range(3):
-            draw()
-        # Drawing with the collector running took ~13 collections per picture, some of them of the
-        # old generations; paused, young collections free each picture's dead artists (the figures
-        # themselves are templates, drawn once per region and once for the hourly chart).
-        assert len(collections) <= 2 * 6, collections
-        assert {gen for gen, _ in collections} == {0}, collections
-        assert sum(freed for _, freed in collections) > 0, collections
-        assert gc.isenabled()
-        gc.disable()
-        try:
-            draw()
-            assert not gc.isenabled()  # a caller's choice is left alone
-        finally:
-            gc.enable()
-        broken = inputs["cell_risk"].assign(risk="not a number")
-        with pytest.raises(ValueError):
-            render_map_png(region=REGION, day=DAY, cell_risk=broken, clusters=inputs["clusters"])
-        assert gc.isenabled()
-    finally:
-        gc.callbacks.remove(count)
+def test_map_places_cells_where_they_are() -> None:
+    """A cell's hexagon is drawn around the point of its centre, in the colour of its risk step,
+    and the colour scale runs from the lightest colour at risk 0 to the darkest at risk 1."""
+    region = REGION
+    frame = pictures._MapFrame(region)
+    cell = h3.latlng_to_cell(29.7, -90.0, 7)
+    risk = pd.DataFrame({"cell_id": [cell], "risk": [0.5]})
+    svg = ET.fromstring(render_map_svg(region=region, day=DAY, cell_risk=risk, clusters=_empty_inputs()["clusters"]))
+    (path,) = [p for p in svg.iter(f"{SVG}path") if p.get("d", "").startswith("M") and p.get("fill", "").startswith("#")
+               and p.get("fill") != pictures.BAR_COLOR]
+    assert path.get("fill") == pictures.risk_colors(np.array([0.5]))[0]
+    nums = [int(v) for v in re.findall(r"-?\d+", path.get("d"))]
+    pts = np.cumsum(np.array([nums[0:2]] + [nums[i:i + 2] for i in range(2, 12, 2)]), axis=0) / 10
+    centre = frame.xy(np.array([-90.0, 29.7]))
+    assert np.abs(pts.mean(axis=0) - centre).max() < 5  # within a few units of the centre point
+    assert pictures.risk_colors(np.array([0.0, 1.0, np.nan])) == [pictures.RISK_COLORS[0], pictures.RISK_COLORS[-1],
+                                                                 pictures.RISK_COLORS[0]]
 
 
 def test_peak_hour_tie_goes_to_earliest_hour() -> None:
