@@ -56,18 +56,40 @@ def _with_partition(df: pd.DataFrame, region: Region, day: str, names: list[str]
     return df[names].reset_index(drop=True)
 
 
+def _group_max(groups: np.ndarray, values: np.ndarray, n: int, *, floats: bool) -> np.ndarray:
+    """Per group ``0..n-1``: the largest of ``values`` (floats: NaN skipped, NaN when none)."""
+    out = np.full(n, np.nan) if floats else np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    (np.fmax if floats else np.maximum).at(out, groups, values)
+    return out
+
+
+def _group_sum(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, groups, values)
+    return out
+
+
 def cell_hour_stats(enriched: pd.DataFrame, region: Region, day: str) -> pd.DataFrame:
-    """Per (cell, hour) with outages: counts, customers, max gust and max rain (one station value per hour)."""
+    """Per (cell, hour) with outages: counts, customers, max gust and max rain (one station value per hour).
+
+    Grouped over factorized keys with NumPy's unbuffered reductions (a pandas group-by with five
+    named aggregations costs several times as much at 500 rows, and more at 200,000).
+    """
     if len(enriched) == 0:
         return empty_frame(CELL_HOUR_STATS)
-    g = enriched.groupby(["cell_id", "hour"], sort=True).agg(
-        outages=("event_id", "size"), customers_out=("customers_out", "sum"),
-        cell_customers=("cell_customers", "max"), gust_ms=("gust_ms", "max"), rain_mm=("rain_mm", "max"),
-    ).reset_index()
-    g["hour"] = g["hour"].astype(np.int32)
-    for c in ("outages", "customers_out", "cell_customers"):
-        g[c] = g[c].astype(np.int64)
-    g["cell_id"] = g["cell_id"].astype(object)
+    cell_code, cells = pd.factorize(enriched["cell_id"], sort=True)
+    hour_code, hours = pd.factorize(enriched["hour"].to_numpy(dtype=np.int64), sort=True)
+    keys, group = np.unique(cell_code.astype(np.int64) * len(hours) + hour_code, return_inverse=True)
+    n = len(keys)
+    g = pd.DataFrame({
+        "cell_id": np.asarray(cells, dtype=object)[keys // len(hours)],
+        "hour": np.asarray(hours)[keys % len(hours)].astype(np.int32),
+        "outages": np.bincount(group, minlength=n).astype(np.int64),
+        "customers_out": _group_sum(group, enriched["customers_out"].to_numpy(dtype=np.int64), n),
+        "cell_customers": _group_max(group, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False),
+        "gust_ms": _group_max(group, enriched["gust_ms"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
+        "rain_mm": _group_max(group, enriched["rain_mm"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
+    })
     return _with_partition(g, region, day, CELL_HOUR_STATS.names)
 
 
@@ -210,15 +232,18 @@ def correlate_storm(enriched: pd.DataFrame, weather: pd.DataFrame, customers: pd
 
 
 def _cell_counts(enriched: pd.DataFrame, customers: pd.DataFrame,
-                 cells: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per cell of ``cells``: outages, customers out, and the cell's customers (reference first)."""
-    per_cell = enriched.groupby("cell_id", sort=True).agg(
-        outages=("event_id", "size"), customers_out=("customers_out", "sum"), cell_customers=("cell_customers", "max"),
-    ).reindex(cells)
-    outages = per_cell["outages"].fillna(0).to_numpy().astype(np.int64)
-    cust_out = per_cell["customers_out"].fillna(0).to_numpy().astype(np.int64)
+                 cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell of ``cells`` (sorted, holding every cell of ``enriched``): outages, customers out,
+    and the cell's customers (the reference's, else the largest the outages carry, else 0)."""
+    n = len(cells)
+    cell_code, seen = pd.factorize(enriched["cell_id"], sort=True)
+    at = np.searchsorted(cells, np.asarray(seen, dtype=object))[cell_code] if len(enriched) else np.zeros(0, np.int64)
+    outages = np.bincount(at, minlength=n).astype(np.int64)
+    cust_out = _group_sum(at, enriched["customers_out"].to_numpy(dtype=np.int64), n)
+    carried = _group_max(at, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False)
     feeders = feeder_table(customers).reindex(cells)
-    cell_cust = feeders["cell_customers"].fillna(per_cell["cell_customers"]).fillna(0).to_numpy().astype(np.int64)
+    reference = feeders["cell_customers"].to_numpy(dtype=float, na_value=np.nan)
+    cell_cust = np.where(np.isnan(reference), np.where(outages > 0, carried, 0), reference).astype(np.int64)
     return outages, cust_out, cell_cust
 
 

@@ -26,7 +26,13 @@ from assets.transforms.correlate import (
     correlate_storm,
     disk_members,
 )
-from assets.transforms.enrich import empty_frame, enrich_partition
+from assets.transforms.enrich import (
+    empty_frame,
+    enrich_partition,
+    feeder_table,
+    station_hour_grid,
+    terrain_table,
+)
 from pipeline.tools.generate import generate_scenario
 from resources.settings import DEFAULT_REGIONS_FILE, Region, load_regions
 
@@ -343,3 +349,57 @@ def test_empty_frame_helper_matches_schemas() -> None:
         df = empty_frame(schema)
         assert list(df.columns) == schema.names
         assert pa.Table.from_pandas(df, schema=schema, preserve_index=False).num_rows == 0
+
+
+# ---- the per-cell reference tables and the station grid against plain pandas ----------------
+
+
+def _reference(seed: int, rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Customers and terrain rows with repeated cells, repeated (cell, feeder) pairs and ties."""
+    rng = np.random.default_rng(seed)
+    cells = [h3.latlng_to_cell(29.5 + i * 0.01, -90.0, 7) for i in range(max(rows // 4, 1))]
+    customers = pd.DataFrame({
+        "cell_id": rng.choice(cells, rows),
+        "feeder_id": rng.choice([f"F{k:02d}" for k in range(6)], rows),
+        "customers": rng.integers(0, 4, rows) * 10,  # few values: ties between feeders are common
+        "source_line": rng.permutation(rows) + 2,
+    })
+    terrain = pd.DataFrame({
+        "cell_id": rng.choice(cells, rows), "elevation_m": rng.normal(5, 2, rows), "slope_deg": rng.random(rows),
+        "vegetation_index": rng.random(rows), "flood_zone": rng.random(rows) < 0.3,
+        "source_line": rng.permutation(rows) + 2,
+    })
+    return customers, terrain
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_feeder_and_terrain_tables_match_their_pandas_definitions(seed: int) -> None:
+    customers, terrain = _reference(seed, 400)
+    per = customers.groupby(["cell_id", "feeder_id"], sort=True, as_index=False)["customers"].sum()
+    best = per.sort_values(["cell_id", "customers", "feeder_id"], ascending=[True, False, True], kind="stable")
+    best = best.drop_duplicates("cell_id").set_index("cell_id")
+    total = per.groupby("cell_id", sort=True)["customers"].sum()
+    want = pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
+    pd.testing.assert_frame_equal(feeder_table(customers), want)
+    cols = ["elevation_m", "slope_deg", "vegetation_index", "flood_zone"]
+    want = terrain.sort_values(["cell_id", "source_line"], kind="stable").drop_duplicates("cell_id").set_index("cell_id")
+    pd.testing.assert_frame_equal(terrain_table(terrain), want[cols])
+    assert len(feeder_table(customers.iloc[0:0])) == 0 and len(terrain_table(terrain.iloc[0:0])) == 0
+
+
+def test_station_grid_takes_each_hours_strongest_reading_and_each_stations_first_position() -> None:
+    day = "2026-09-01"
+    rows = pd.DataFrame({
+        "station_id": ["S2", "S1", "S2", "S1", "S2", "S3"],
+        "observed_at": pd.to_datetime(["2026-09-01T03:10Z", "2026-09-01T01:00Z", "2026-09-01T00:30Z",
+                                       "2026-09-01T01:40Z", "2026-09-01T03:50Z", "2026-08-31T23:00Z"], utc=True),
+        "lat": [30.2, 30.1, 30.0, 30.9, 30.3, 31.0], "lon": [-90.0, -89.0, -90.5, -89.9, -90.1, -91.0],
+        "wind_gust_ms": [12.0, 20.0, 8.0, 25.0, 30.0, 99.0], "rain_mm": [1.0, 0.0, 2.0, 0.5, 0.2, 9.0],
+    })
+    for frame in (rows, rows.iloc[::-1], rows.assign(observed_at=rows["observed_at"].astype(str))):
+        grid = station_hour_grid(frame, day)
+        assert list(grid.station_ids) == ["S1", "S2"]  # S3 reported only the day before
+        assert list(grid.lat) == [30.1, 30.0] and list(grid.lon) == [-89.0, -90.5]  # first reports
+        assert grid.gust[0, 1] == 25.0 and grid.gust[1, 3] == 30.0 and grid.gust[1, 0] == 8.0
+        assert grid.rain_obs[1, 3] == 1.0 and np.isnan(grid.rain_obs[1, 2])
+        assert grid.gust[1, 1] == 8.0 and grid.gust[1, 2] == 30.0  # missing hours: the nearest, ties earlier
