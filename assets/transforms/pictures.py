@@ -205,20 +205,9 @@ def risk_colors(risk: np.ndarray) -> list[str]:
 
 # ---- the map --------------------------------------------------------------------------------
 
-#: Cell outlines kept per process: a region's days draw mostly the same cells (a year of 50
-#: regions of a few thousand cells each fits; past this many the kept ones are dropped).
-CELL_OUTLINES_KEPT = 200_000
-_cell_outlines: dict[str, np.ndarray] = {}
-
-
 def _cell_outline(cell: str) -> np.ndarray:
-    """The vertices of one H3 cell in (lon, lat) order, an (n, 2) array; kept for the next day."""
-    outline = _cell_outlines.get(cell)
-    if outline is None:
-        if len(_cell_outlines) >= CELL_OUTLINES_KEPT:
-            _cell_outlines.clear()
-        outline = _cell_outlines[cell] = np.asarray(h3.cell_to_boundary(cell), dtype=float)[:, ::-1]
-    return outline
+    """The vertices of one H3 cell in (lon, lat) order, an (n, 2) array."""
+    return np.asarray(h3.cell_to_boundary(cell), dtype=float)[:, ::-1]
 
 
 def _outline_rings(cell_ids: Sequence[str]) -> list[np.ndarray]:
@@ -276,23 +265,44 @@ def _ring_path(ring: np.ndarray) -> str:
 
 #: A hexagon's path data: its first vertex, then five relative lines (the sixth side closes it).
 _HEXAGON = "M{} {}l{} {} {} {} {} {} {} {} {} {}z"
+#: Cells' path data kept per process, by region (a region's days draw mostly the same cells: its
+#: reference cells and those with outages). Past this many cells in all, the kept ones are dropped;
+#: a year of 50 regions of a few thousand cells each fits.
+CELL_PATHS_KEPT = 200_000
+_cell_path_data: dict[Region, dict[str, str]] = {}
 
 
-def _cell_paths(frame: _MapFrame, cell_risk: pd.DataFrame) -> list[str]:
+def _paths_of(region: Region, frame: _MapFrame, cells: list[str]) -> list[str]:
+    """The path data of each of ``cells`` on the map of ``region``, in integer tenths; made for the
+    cells this process has not drawn on that region's map before, looked up for the others."""
+    kept = _cell_path_data.get(region)
+    if kept is None:
+        if sum(map(len, _cell_path_data.values())) >= CELL_PATHS_KEPT:
+            _cell_path_data.clear()
+        kept = _cell_path_data[region] = {}
+    new = list(dict.fromkeys(c for c in cells if c not in kept))
+    if new:
+        outlines = [_cell_outline(cell) for cell in new]
+        hexagons = [i for i, o in enumerate(outlines) if len(o) == 6]
+        if hexagons:
+            pts = frame.tenths(np.stack([outlines[i] for i in hexagons]))  # (cells, 6, 2)
+            rows = np.concatenate([pts[:, 0, :], np.diff(pts, axis=1).reshape(len(hexagons), 10)], axis=1)
+            for i, row in zip(hexagons, rows.tolist(), strict=True):
+                kept[new[i]] = _HEXAGON.format(*row)
+        for i, outline in enumerate(outlines):  # a pentagon or a cell with distortion vertices
+            if len(outline) != 6:
+                kept[new[i]] = _ring_path(frame.tenths(outline))
+    return [kept[cell] for cell in cells]
+
+
+def _cell_paths(region: Region, frame: _MapFrame, cell_risk: pd.DataFrame) -> list[str]:
     """The cells, one ``<path>`` per colour step, in integer tenths (inside the scale group)."""
     cells = cell_risk.sort_values("cell_id", kind="mergesort")
     ids = cells["cell_id"].tolist()
     colors = risk_colors(cells["risk"].to_numpy(dtype=float, na_value=np.nan))
-    outlines = [_cell_outline(cell) for cell in ids]
     by_color: dict[str, list[str]] = {}
-    if all(len(o) == 6 for o in outlines):
-        pts = frame.tenths(np.stack(outlines))  # (cells, 6, 2)
-        rows = np.concatenate([pts[:, 0, :], np.diff(pts, axis=1).reshape(len(ids), 10)], axis=1)
-        for color, row in zip(colors, rows.tolist(), strict=True):
-            by_color.setdefault(color, []).append(_HEXAGON.format(*row))
-    else:  # a pentagon or a cell with distortion vertices
-        for color, outline in zip(colors, outlines, strict=True):
-            by_color.setdefault(color, []).append(_ring_path(frame.tenths(outline)))
+    for color, path in zip(colors, _paths_of(region, frame, ids), strict=True):
+        by_color.setdefault(color, []).append(path)
     return [f'<path fill="{color}" d="{"".join(paths)}"/>' for color, paths in sorted(by_color.items())]
 
 
@@ -405,7 +415,7 @@ def render_map_svg(*, region: Region, day: str, cell_risk: pd.DataFrame, cluster
     plotted = []
     if len(cell_risk):
         plotted.append('<g transform="scale(0.1)" stroke="#ffffff" stroke-width="2">'
-                       + "".join(_cell_paths(f, cell_risk)) + "</g>")
+                       + "".join(_cell_paths(region, f, cell_risk)) + "</g>")
     plotted.append(f'<rect x="{_num(corner[0, 0])}" y="{_num(corner[0, 1])}" '
                    f'width="{_num(corner[1, 0] - corner[0, 0])}" height="{_num(corner[1, 1] - corner[0, 1])}" '
                    f'fill="none" stroke="#444444" stroke-width="1.2" stroke-dasharray="6 3"/>')

@@ -40,6 +40,7 @@ from typing import Any
 import h3
 import jinja2
 import markupsafe
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -127,22 +128,19 @@ def _restored_mask(enriched: pd.DataFrame, day: str) -> pd.Series:
 
 
 def _top_feeders(enriched: pd.DataFrame) -> list[dict[str, Any]]:
-    known = enriched[enriched["feeder_id"].notna()]
-    if known.empty:
+    """The :data:`TOP_FEEDERS` feeders with most customers out (then most outages, then id)."""
+    code, feeders = pd.factorize(enriched["feeder_id"], sort=True)  # a null feeder: code -1
+    known = code >= 0
+    if not known.any():
         return []
-    grouped = (
-        known.groupby("feeder_id", sort=True)
-        .agg(outages=("event_id", "size"), customers_out=("customers_out", "sum"))
-        .reset_index()
-        .sort_values(
-            ["customers_out", "outages", "feeder_id"], ascending=[False, False, True], kind="mergesort"
-        )
-        .head(TOP_FEEDERS)
-    )
-    return [
-        {"feeder_id": str(r.feeder_id), "outages": int(r.outages), "customers_out": int(r.customers_out)}
-        for r in grouped.itertuples(index=False)
-    ]
+    code = code[known]
+    outages = np.bincount(code, minlength=len(feeders))
+    customers_out = np.zeros(len(feeders), dtype=np.int64)
+    np.add.at(customers_out, code, enriched["customers_out"].to_numpy(dtype=np.int64)[known])
+    seen = np.flatnonzero(outages)
+    top = seen[np.lexsort((seen, -outages[seen], -customers_out[seen]))][:TOP_FEEDERS]
+    return [{"feeder_id": str(feeders[i]), "outages": int(outages[i]), "customers_out": int(customers_out[i])}
+            for i in top.tolist()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,20 +267,23 @@ def _median_minutes(done: pd.DataFrame) -> float:
     return float(minutes.fillna(computed).median())
 
 
+def _summary_dtype(field: pa.Field) -> Any:
+    if pa.types.is_floating(field.type):
+        return field.type.to_pandas_dtype()
+    if pa.types.is_integer(field.type):
+        return "Int64" if field.type == pa.int64() else "Int32"
+    return object
+
+
+#: The pandas dtype of each column of the summary row: nullable integers, so that a missing
+#: value stays null (not NaN-in-object) through Arrow.
+_SUMMARY_DTYPES = {f.name: _summary_dtype(f) for f in REGION_DAY_SUMMARY}
+
+
 def _summary_frame(row: dict[str, Any]) -> pd.DataFrame:
-    """``row`` as a one-row frame with the columns of ``REGION_DAY_SUMMARY`` in order, in nullable
-    dtypes so that a missing value stays null (not NaN-in-object) through Arrow."""
-    out = pd.DataFrame([row], columns=REGION_DAY_SUMMARY.names)
-    out = out.astype(
-        {f.name: f.type.to_pandas_dtype() for f in REGION_DAY_SUMMARY if pa.types.is_floating(f.type)}
-    )
-    return out.astype(
-        {
-            f.name: "Int64" if f.type == pa.int64() else "Int32"
-            for f in REGION_DAY_SUMMARY
-            if pa.types.is_integer(f.type)
-        }
-    )
+    """``row`` as a one-row frame with the columns of ``REGION_DAY_SUMMARY`` in order, in the
+    dtypes of :data:`_SUMMARY_DTYPES`."""
+    return pd.DataFrame({name: pd.array([row.get(name)], dtype=dtype) for name, dtype in _SUMMARY_DTYPES.items()})
 
 
 # ---------------------------------------------------------------------------------------

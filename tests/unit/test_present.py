@@ -689,22 +689,22 @@ def test_deterministic_across_processes(small) -> None:
 
 
 def test_pictures_do_not_depend_on_what_was_drawn_before(small) -> None:
-    """The only state the pictures keep is the cells' outlines (computed once per process): the
-    bytes are the same with them computed afresh and after other regions, days and scales."""
+    """The only state the pictures keep is the cells' path data (made once per process and region):
+    the bytes are the same with them made afresh and after other regions, days and scales."""
     inputs, _, _ = small
 
     def drawn(region: Region, data: dict[str, pd.DataFrame], day: str = DAY) -> tuple[str, str]:
         return (render_map_svg(region=region, day=day, cell_risk=data["cell_risk"], clusters=data["clusters"]),
                 render_hourly_svg(region=region, day=day, enriched=data["enriched"], cell_hour=data["cell_hour"]))
 
-    pictures._cell_outlines.clear()
+    pictures._cell_path_data.clear()
     first = drawn(REGION, inputs)
     other = Region("other", "Another region", 40.0, 41.0, -80.0, -79.0)
     between = [drawn(other, _empty_inputs()), drawn(REGION, _empty_inputs(), "2026-09-02"),
                drawn(REGION, build_large_inputs())]
     assert all(b[0] != first[0] and b[1] != first[1] for b in between)
     assert drawn(REGION, inputs) == first
-    pictures._cell_outlines.clear()
+    pictures._cell_path_data.clear()
     assert drawn(REGION, inputs) == first
     broken = inputs["clusters"].assign(cluster_id="not a number")
     with pytest.raises(ValueError):
@@ -810,6 +810,22 @@ def test_pictures_are_not_cut_at_the_edges() -> None:
         counts = [t for t in texts if t.get("text-anchor") == "end"]
         widest = max(len("".join(t.itertext())) * pictures._DIGIT_EM * pictures._TICK_FONT for t in counts)
         assert min(float(t.get("x")) for t in counts) - widest >= label_x + 2
+
+
+def test_map_draws_a_pentagon_and_a_distorted_cell_with_all_their_vertices() -> None:
+    pentagon = sorted(h3.get_pentagons(7))[0]
+    lat, lon = h3.cell_to_latlng(pentagon)
+    region = Region("pent", "Around a pentagon", lat - 0.05, lat + 0.05, lon - 0.05, lon + 0.05)
+    hexagon = h3.grid_ring(pentagon, 1)[0]
+    risk = pd.DataFrame({"cell_id": [pentagon, hexagon], "risk": [0.2, 0.9]})
+    for _ in range(2):  # made, then looked up
+        svg = ET.fromstring(render_map_svg(region=region, day=DAY, cell_risk=risk, clusters=_empty_inputs()["clusters"]))
+        paths = {p.get("fill"): p.get("d") for p in svg.iter(f"{SVG}path") if p.get("fill", "").startswith("#")}
+        shape = paths[pictures.risk_colors(np.array([0.2]))[0]]
+        assert shape.count("M") == 1 and len(re.findall(r"-?\d+", shape)) == 2 * len(h3.cell_to_boundary(pentagon))
+        # its neighbour has distortion vertices (more than six): drawn with all of them too
+        neighbour = paths[pictures.risk_colors(np.array([0.9]))[0]]
+        assert len(re.findall(r"-?\d+", neighbour)) == 2 * len(h3.cell_to_boundary(hexagon)) > 12
 
 
 def test_map_places_cells_where_they_are() -> None:
