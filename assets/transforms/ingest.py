@@ -53,7 +53,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-import h3
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -636,8 +635,8 @@ class _Judge:
     def check_cell(self) -> pa.Array:
         cells = pc.utf8_lower(self.p.cols["cell_id"])
         enc = cells.dictionary_encode()
-        good = [_is_res7(c) for c in enc.dictionary.to_pylist()]
-        ok = np.asarray(good, dtype=bool)[enc.indices.to_numpy()] if good else np.zeros(0, bool)
+        good = res7_cells(enc.dictionary)
+        ok = good[enc.indices.to_numpy()] if len(good) else np.zeros(0, bool)
         self.check("cell_id", ok, "cell_id must be a valid H3 cell at resolution 7")
         return cells
 
@@ -670,11 +669,45 @@ class _Judge:
         return _table(schema, region, day, int(keep.sum()), accepted), quarantine, report
 
 
-def _is_res7(cell: str) -> bool:
-    # The regex first: h3 raises OverflowError on long hex strings instead of answering False.
-    if len(cell) != 15 or any(ch not in "0123456789abcdef" for ch in cell):
-        return False
-    return bool(h3.is_valid_cell(cell)) and h3.get_resolution(cell) == 7
+#: The base cells that are pentagons: their cells may not start (after zeros) with digit 1.
+_PENTAGON_BASE_CELLS = np.array([4, 14, 24, 38, 49, 58, 63, 72, 83, 97, 107, 117])
+_HEX_VALUE = np.full(256, 255, dtype=np.uint8)
+_HEX_VALUE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def res7_cells(cells: pa.Array) -> np.ndarray:
+    """Whether each string of ``cells`` is an H3 cell at resolution 7, spelled in lower-case hex.
+
+    The test of ``h3.is_valid_cell`` (H3's ``isValidCell``) and ``h3.get_resolution(c) == 7``,
+    done on the bits of all the strings at once: 15 hex digits; mode 1 (a cell), the reserved
+    bits and the high bit zero; a base cell below 122; resolution 7; the first seven digits 0-6,
+    the other eight 7 (unused); and on a pentagon's base cell, a first non-zero digit other than
+    1 (the deleted K axis). A reference file of 20,000 rows took about 60 ms string by string.
+    """
+    cells = pc.fill_null(cells, "")
+    ok = _np(pc.and_(pc.equal(pc.binary_length(cells), 15), pc.string_is_ascii(cells)))
+    if not ok.any():
+        return ok
+    spelled = pc.filter(cells, pa.array(ok)).cast(pa.binary())  # fresh: its bytes are contiguous
+    start = int(np.frombuffer(spelled.buffers()[1], dtype=np.int32)[spelled.offset])
+    chars = np.frombuffer(spelled.buffers()[2], dtype=np.uint8)[start:start + 15 * len(spelled)].reshape(-1, 15)
+    nibbles = _HEX_VALUE[chars]
+    hexed = (nibbles != 255).all(axis=1)
+    value = np.zeros(len(chars), dtype=np.uint64)
+    for k in range(15):
+        value = (value << np.uint64(4)) | (nibbles[:, k].astype(np.uint64) & np.uint64(15))
+
+    def bits(shift: int, width: int) -> np.ndarray:
+        return ((value >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(np.int64)
+
+    digits = np.stack([bits(3 * (15 - r), 3) for r in range(1, 16)], axis=1)  # digit r at column r - 1
+    used = digits[:, :7]
+    first = used[np.arange(len(used)), np.argmax(used != 0, axis=1)]  # 0 when all are zero
+    valid = (hexed & (bits(63, 1) == 0) & (bits(59, 4) == 1) & (bits(56, 3) == 0) & (bits(45, 7) < 122)
+             & (bits(52, 4) == 7) & (used <= 6).all(axis=1) & (digits[:, 7:] == 7).all(axis=1)
+             & ~(np.isin(bits(45, 7), _PENTAGON_BASE_CELLS) & (first == 1)))
+    ok[ok] = valid
+    return ok
 
 
 def _day_bounds(day: str) -> tuple[int, int]:

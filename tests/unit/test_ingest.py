@@ -434,3 +434,38 @@ def test_judged_reference_files_are_reused_for_another_day_and_judged_again_when
     (q,) = [r for r in changed.quarantine.to_pylist() if r["source_file"] == "reference/customers.csv"]
     assert q["field"] == "customers" and q["line"] == 4 and q["day"] == day2
     assert changed.customers.num_rows == 1
+
+
+def test_res7_cells_agrees_with_h3_on_cells_near_misses_and_noise() -> None:
+    """The vectorised test of a resolution-7 cell gives h3's answer (``is_valid_cell`` and
+    ``get_resolution == 7``) on cells of resolutions 6-8, pentagons and their neighbourhoods,
+    every one-digit change of some cells, random 60-bit hex and malformed strings."""
+    import random
+
+    import h3
+    import pyarrow as pa
+
+    from assets.transforms.ingest import res7_cells
+
+    def h3_says(c: str | None) -> bool:
+        if c is None or len(c) != 15 or any(ch not in "0123456789abcdef" for ch in c):
+            return False
+        return bool(h3.is_valid_cell(c)) and h3.get_resolution(c) == 7
+
+    rng = random.Random(4)
+    cells: list[str | None] = []
+    for _ in range(500):
+        lat, lon = rng.uniform(-90, 90), rng.uniform(-180, 180)
+        cells += [h3.latlng_to_cell(lat, lon, res) for res in (6, 7, 8)]
+    for p in h3.get_pentagons(7):
+        cells += [p, *h3.grid_disk(p, 1), *h3.cell_to_children(h3.cell_to_parent(p, 5), 7)]
+    for c in [*cells[:12:3], h3.get_pentagons(7)[3]]:
+        cells += [c[:i] + ch + c[i + 1:] for i in range(15) for ch in "0123456789abcdef"]
+    cells += [f"{rng.getrandbits(60):015x}" for _ in range(3000)]
+    cells += ["", None, "x" * 15, "f" * 15, "872830828ffffff ", "872830828fffff", "0872830828fffff",
+              "872830828FFFFFF", "87283082\u00e9ffffff"]
+    want = np.array([h3_says(c) for c in cells])
+    assert 1000 < want.sum() < len(cells) - 1000
+    got = res7_cells(pa.array(cells, pa.string()))
+    assert [c for c, w, g in zip(cells, want, got, strict=True) if w != g] == []
+    assert list(res7_cells(pa.array(cells, pa.string()).slice(3, 40))) == list(want[3:43])
