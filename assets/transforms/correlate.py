@@ -51,9 +51,10 @@ MIN_CLUSTER_CELLS = 3
 
 
 def _with_partition(df: pd.DataFrame, region: Region, day: str, names: list[str]) -> pd.DataFrame:
-    df.insert(0, "day", day)
-    df.insert(0, "region_id", region.region_id)
-    return df[names].reset_index(drop=True)
+    """``df``'s columns in the order of ``names``, with the partition's ``region_id`` and ``day``."""
+    n = len(df)
+    const = {"region_id": np.full(n, region.region_id, dtype=object), "day": np.full(n, day, dtype=object)}
+    return pd.DataFrame({c: const[c] if c in const else df[c].array for c in names})
 
 
 def _group_max(groups: np.ndarray, values: np.ndarray, n: int, *, floats: bool) -> np.ndarray:
@@ -102,6 +103,22 @@ def _universe(enriched: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataF
     return np.array(sorted(set(ref.tolist()) | set(pd.unique(enriched["cell_id"]).tolist())), dtype=object)
 
 
+#: Each cell's H3 integer and whether the string is h3's own spelling of it, kept per process
+#: (a region's cells recur every day); past this many the kept ones are dropped.
+CELL_INTS_KEPT = 500_000
+_cell_ints: dict[str, tuple[int, bool]] = {}
+
+
+def _cell_int(cell: str) -> tuple[int, bool]:
+    got = _cell_ints.get(cell)
+    if got is None:
+        if len(_cell_ints) > CELL_INTS_KEPT:
+            _cell_ints.clear()
+        value = h3.str_to_int(cell)
+        got = _cell_ints[cell] = (value, h3.int_to_str(value) == cell)
+    return got
+
+
 def disk_members(cells: np.ndarray, k: int, of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Which of ``cells`` lie in ``grid_disk(cells[i], k)``, as pairs ``(i, j)`` sorted by ``i``.
 
@@ -112,12 +129,13 @@ def disk_members(cells: np.ndarray, k: int, of: np.ndarray | None = None) -> tup
     are taken as integer arrays and matched by a binary search: ~8x faster than h3's string API.
     """
     of = np.arange(len(cells)) if of is None else np.asarray(of, dtype=np.int64)
-    ints = np.fromiter((h3.str_to_int(c) for c in cells), dtype=np.uint64, count=len(cells))
+    facts = [_cell_int(c) for c in cells]
+    ints = np.fromiter((f[0] for f in facts), dtype=np.uint64, count=len(cells))
     disks = [numpy_int.grid_disk(int(ints[i]), k) for i in of]
     sizes = np.fromiter((len(d) for d in disks), dtype=np.int64, count=len(disks))
     flat = np.concatenate(disks) if disks else np.zeros(0, dtype=np.uint64)
     rows = np.repeat(of, sizes)
-    canonical = np.flatnonzero([h3.int_to_str(int(h)) == c for h, c in zip(ints, cells, strict=True)])
+    canonical = np.flatnonzero([f[1] for f in facts])
     order = canonical[np.argsort(ints[canonical], kind="stable")]
     keys = ints[order]
     if len(keys) == 0:

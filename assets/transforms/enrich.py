@@ -63,10 +63,25 @@ def day_start(day: str) -> pd.Timestamp:
     return pd.Timestamp(day, tz="UTC")
 
 
+#: Cell centres kept per process: a region's reference cells recur in every partition of the
+#: region (correlate places all of them, each day). Past this many the kept ones are dropped.
+CELL_CENTRES_KEPT = 500_000
+_centres: dict[str, tuple[float, float]] = {}
+
+
 def cell_centres(cells: np.ndarray | list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Centre lat/lon of H3 cells given as strings."""
-    pts = np.array([h3.cell_to_latlng(c) for c in cells], dtype=float).reshape(-1, 2)
-    return pts[:, 0], pts[:, 1]
+    """Centre lat/lon of H3 cells given as strings (kept per process, see :data:`CELL_CENTRES_KEPT`)."""
+    kept = _centres
+    if len(kept) > CELL_CENTRES_KEPT:
+        kept.clear()
+    pts = []
+    for c in cells:
+        at = kept.get(c)
+        if at is None:
+            at = kept[c] = h3.cell_to_latlng(c)
+        pts.append(at)
+    out = np.array(pts, dtype=float).reshape(-1, 2)
+    return out[:, 0], out[:, 1]
 
 
 def nearest_station(lat: np.ndarray, lon: np.ndarray, grid: StationGrid) -> np.ndarray:
