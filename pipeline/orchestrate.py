@@ -556,7 +556,7 @@ def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | No
 
 def _worker_context(keys: list[str]):  # -> multiprocessing context
     """How worker processes start: on Linux a fork of this process once it has imported Dagster
-    and the code location and drawn the picture templates of the ``keys``' regions, else a fresh
+    and the code location and made what present makes once per process, else a fresh
     interpreter (spawn).
 
     A spawned worker imports Dagster and loads the code location itself: several seconds of one
