@@ -130,7 +130,7 @@ def station_hour_grid(weather: pd.DataFrame, day: str) -> StationGrid:
     observed = weather["observed_at"]
     obs = observed if isinstance(observed.dtype, pd.DatetimeTZDtype) else pd.to_datetime(observed, utc=True)
     hour = ((obs - day_start(day)) // pd.Timedelta(hours=1)).to_numpy()
-    keep = (hour >= 0) & (hour < HOURS)
+    keep = (hour >= 0) & (hour < HOURS) & weather["station_id"].notna().to_numpy()
     if not keep.any():
         return station_hour_grid(weather.iloc[0:0], day)
     hour = hour[keep].astype(np.int64)
@@ -168,9 +168,13 @@ def feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
                              "cell_customers": pd.Series([], dtype=np.int64)}, index=pd.Index([], name="cell_id"))
     cell_code, cells = pd.factorize(customers["cell_id"], sort=True)
     feeder_code, feeders = pd.factorize(customers["feeder_id"], sort=True)
+    counted = customers["customers"].to_numpy(dtype=np.int64)
+    keyed = (cell_code >= 0) & (feeder_code >= 0)  # a null id is in no group (as a group-by drops it)
+    if not keyed.all():
+        cell_code, feeder_code, counted = cell_code[keyed], feeder_code[keyed], counted[keyed]
     pairs, inverse = np.unique(cell_code.astype(np.int64) * len(feeders) + feeder_code, return_inverse=True)
     sums = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(sums, inverse, customers["customers"].to_numpy(dtype=np.int64))
+    np.add.at(sums, inverse, counted)
     pair_cell, pair_feeder = pairs // len(feeders), pairs % len(feeders)
     best = _firsts(pair_cell, np.lexsort((pair_feeder, -sums, pair_cell)))  # most customers, then smallest id
     total = np.zeros(len(cells), dtype=np.int64)
@@ -188,6 +192,7 @@ def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
     cell_code, cells = pd.factorize(terrain["cell_id"], sort=True)
     keys = (terrain["source_line"].to_numpy(), cell_code) if "source_line" in terrain.columns else (cell_code,)
     first = _firsts(cell_code, np.lexsort(keys))
+    first = first[cell_code[first] >= 0]  # rows without a cell id describe no cell
     out = terrain[cols].iloc[first]
     out.index = pd.Index(np.asarray(cells, dtype=object)[cell_code[first]], name="cell_id")
     return out

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -71,9 +72,15 @@ _TICK = 5  # tick length
 _TICK_FONT, _LABEL_FONT, _TITLE_FONT = 12, 12, 15
 
 
+#: Characters XML does not allow in a document (C0 controls but tab and line breaks, lone surrogates,
+#: U+FFFE and U+FFFF): a region's name could carry one, and the picture would not parse.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
 def _x(text: object) -> str:
-    """``text`` escaped for SVG character data and attribute values."""
-    return html.escape(str(text), quote=True)
+    """``text`` escaped for SVG character data and attribute values, without the characters XML
+    does not allow."""
+    return html.escape(_NOT_XML.sub("", str(text)), quote=True)
 
 
 def _num(value: float) -> str:
@@ -276,11 +283,12 @@ def _paths_of(region: Region, frame: _MapFrame, cells: list[str]) -> list[str]:
     """The path data of each of ``cells`` on the map of ``region``, in integer tenths; made for the
     cells this process has not drawn on that region's map before, looked up for the others."""
     kept = _cell_path_data.get(region)
+    new = list(dict.fromkeys(c for c in cells if kept is None or c not in kept))
+    if new and sum(map(len, _cell_path_data.values())) + len(new) > CELL_PATHS_KEPT:
+        _cell_path_data.clear()
+        kept = None
     if kept is None:
-        if sum(map(len, _cell_path_data.values())) >= CELL_PATHS_KEPT:
-            _cell_path_data.clear()
         kept = _cell_path_data[region] = {}
-    new = list(dict.fromkeys(c for c in cells if c not in kept))
     if new:
         outlines = [_cell_outline(cell) for cell in new]
         hexagons = [i for i, o in enumerate(outlines) if len(o) == 6]

@@ -385,6 +385,23 @@ def test_feeder_and_terrain_tables_match_their_pandas_definitions(seed: int) -> 
     want = terrain.sort_values(["cell_id", "source_line"], kind="stable").drop_duplicates("cell_id").set_index("cell_id")
     pd.testing.assert_frame_equal(terrain_table(terrain), want[cols])
     assert len(feeder_table(customers.iloc[0:0])) == 0 and len(terrain_table(terrain.iloc[0:0])) == 0
+    # a row without an id belongs to no cell and no feeder, as a group-by leaves it out
+    holed = customers.astype({"cell_id": object, "feeder_id": object})
+    holed.loc[::5, "cell_id"] = None
+    holed.loc[1::7, "feeder_id"] = None
+    per = holed.groupby(["cell_id", "feeder_id"], sort=True, as_index=False)["customers"].sum()
+    best = per.sort_values(["cell_id", "customers", "feeder_id"], ascending=[True, False, True], kind="stable")
+    best = best.drop_duplicates("cell_id").set_index("cell_id")
+    total = per.groupby("cell_id", sort=True)["customers"].sum()
+    want = pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
+    pd.testing.assert_frame_equal(feeder_table(holed), want)
+    holed = terrain.astype({"cell_id": object})
+    holed.loc[::4, "cell_id"] = None
+    got = terrain_table(holed)
+    assert got.index.notna().all()
+    kept = holed[holed["cell_id"].notna()]
+    want = kept.sort_values(["cell_id", "source_line"], kind="stable").drop_duplicates("cell_id").set_index("cell_id")
+    pd.testing.assert_frame_equal(got, want[cols])
 
 
 def test_station_grid_takes_each_hours_strongest_reading_and_each_stations_first_position() -> None:

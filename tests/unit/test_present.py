@@ -619,6 +619,16 @@ def test_report_html(small) -> None:
     assert "wind &amp; &lt;trees&gt;" in page and "<trees>" not in page
 
 
+def test_pictures_parse_whatever_the_region_is_called() -> None:
+    """Markup and characters XML does not allow in a region's name leave well-formed pictures."""
+    region = Region("odd", 'Odd <b>"name"</b> & \x0c\x01 \ufffe end', 29.2, 30.2, -90.6, -89.4)
+    inputs = build_inputs(region)
+    for svg in (render_map_svg(region=region, day=DAY, cell_risk=inputs["cell_risk"], clusters=inputs["clusters"]),
+                render_hourly_svg(region=region, day=DAY, enriched=inputs["enriched"], cell_hour=inputs["cell_hour"])):
+        title = _texts(ET.fromstring(svg))[-1]
+        assert title.startswith('Odd <b>"name"</b> &   end — ')
+
+
 def test_report_escapes_region_name() -> None:
     region = Region("gulf_coast", 'Gulf <Coast> & "Bayou"', 29.2, 30.2, -90.6, -89.4)
     _, arts = run_all(build_inputs(region), region=region)
