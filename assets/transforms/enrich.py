@@ -59,6 +59,15 @@ def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     return schema.empty_table().to_pandas()
 
 
+def _utc(series: pd.Series) -> pd.Series:
+    """Timestamps as tz-aware UTC; a column read from the lake is that already and is returned as
+    it is (``pd.to_datetime`` would look at every value)."""
+    dtype = series.dtype
+    if isinstance(dtype, pd.DatetimeTZDtype):
+        return series if str(dtype.tz) == "UTC" else series.dt.tz_convert("UTC")
+    return pd.to_datetime(series, utc=True)
+
+
 def day_start(day: str) -> pd.Timestamp:
     return pd.Timestamp(day, tz="UTC")
 
@@ -127,8 +136,7 @@ def station_hour_grid(weather: pd.DataFrame, day: str) -> StationGrid:
     if weather is None or len(weather) == 0:
         z = np.zeros((0, HOURS))
         return StationGrid(np.array([], dtype=object), np.zeros(0), np.zeros(0), z, z, z)
-    observed = weather["observed_at"]
-    obs = observed if isinstance(observed.dtype, pd.DatetimeTZDtype) else pd.to_datetime(observed, utc=True)
+    obs = _utc(weather["observed_at"])
     hour = ((obs - day_start(day)) // pd.Timedelta(hours=1)).to_numpy()
     keep = (hour >= 0) & (hour < HOURS) & weather["station_id"].notna().to_numpy()
     if not keep.any():
@@ -224,8 +232,8 @@ def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd
     o = outages.iloc[order]
     lat, lon = o["lat"].to_numpy(float), o["lon"].to_numpy(float)
     cells, inv = cells_of_points(lat, lon)
-    reported = pd.to_datetime(o["reported_at"], utc=True).reset_index(drop=True)
-    restored = pd.to_datetime(o["restored_at"], utc=True).reset_index(drop=True)
+    reported = _utc(o["reported_at"]).reset_index(drop=True)
+    restored = _utc(o["restored_at"]).reset_index(drop=True)
     hour = reported.dt.hour.to_numpy().astype(np.int32)
 
     feeders = feeder_table(customers).reindex(cells)

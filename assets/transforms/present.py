@@ -85,7 +85,11 @@ def _conform(df: pd.DataFrame, schema: pa.Schema, what: str) -> pd.DataFrame:
 
 
 def _utc(series: pd.Series) -> pd.Series:
-    """Timestamps as tz-aware UTC (naive values are taken to be UTC already)."""
+    """Timestamps as tz-aware UTC (naive values are taken to be UTC already). A column read from
+    the lake is UTC already and is returned as it is (``pd.to_datetime`` would look at every value)."""
+    dtype = series.dtype
+    if isinstance(dtype, pd.DatetimeTZDtype):
+        return series if str(dtype.tz) == "UTC" else series.dt.tz_convert("UTC")
     return pd.to_datetime(series, utc=True)
 
 
@@ -441,10 +445,13 @@ class _Backlog:
 
 def _backlog(enriched: pd.DataFrame, day: str) -> _Backlog:
     """The outages open at the end of the day, largest first (then earliest, then by id)."""
-    open_ = enriched[~_restored_mask(enriched, day)].copy() if len(enriched) else enriched
+    if not len(enriched):
+        return _Backlog([], 0, 0)
+    shown = ["event_id", "reported_at", "cell_id", "feeder_id", "cause", "customers_out"]
+    open_ = enriched.loc[~_restored_mask(enriched, day).to_numpy(), shown]
     if open_.empty:
         return _Backlog([], 0, 0)
-    open_["reported_utc"] = _utc(open_["reported_at"])
+    open_ = open_.assign(reported_utc=_utc(open_["reported_at"]))
     open_ = open_.sort_values(
         ["customers_out", "reported_utc", "event_id"], ascending=[False, True, True], kind="mergesort"
     )
