@@ -372,15 +372,19 @@ def _reference(seed: int, rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     return customers, terrain
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_feeder_and_terrain_tables_match_their_pandas_definitions(seed: int) -> None:
-    customers, terrain = _reference(seed, 400)
+def _feeders_by_group_by(customers: pd.DataFrame) -> pd.DataFrame:
+    """What :func:`feeder_table` means, said with pandas' group-by, sort and de-duplication."""
     per = customers.groupby(["cell_id", "feeder_id"], sort=True, as_index=False)["customers"].sum()
     best = per.sort_values(["cell_id", "customers", "feeder_id"], ascending=[True, False, True], kind="stable")
     best = best.drop_duplicates("cell_id").set_index("cell_id")
     total = per.groupby("cell_id", sort=True)["customers"].sum()
-    want = pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
-    pd.testing.assert_frame_equal(feeder_table(customers), want)
+    return pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_feeder_and_terrain_tables_match_their_pandas_definitions(seed: int) -> None:
+    customers, terrain = _reference(seed, 400)
+    pd.testing.assert_frame_equal(feeder_table(customers), _feeders_by_group_by(customers))
     cols = ["elevation_m", "slope_deg", "vegetation_index", "flood_zone"]
     want = terrain.sort_values(["cell_id", "source_line"], kind="stable").drop_duplicates("cell_id").set_index("cell_id")
     pd.testing.assert_frame_equal(terrain_table(terrain), want[cols])
@@ -389,12 +393,7 @@ def test_feeder_and_terrain_tables_match_their_pandas_definitions(seed: int) -> 
     holed = customers.astype({"cell_id": object, "feeder_id": object})
     holed.loc[::5, "cell_id"] = None
     holed.loc[1::7, "feeder_id"] = None
-    per = holed.groupby(["cell_id", "feeder_id"], sort=True, as_index=False)["customers"].sum()
-    best = per.sort_values(["cell_id", "customers", "feeder_id"], ascending=[True, False, True], kind="stable")
-    best = best.drop_duplicates("cell_id").set_index("cell_id")
-    total = per.groupby("cell_id", sort=True)["customers"].sum()
-    want = pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
-    pd.testing.assert_frame_equal(feeder_table(holed), want)
+    pd.testing.assert_frame_equal(feeder_table(holed), _feeders_by_group_by(holed))
     holed = terrain.astype({"cell_id": object})
     holed.loc[::4, "cell_id"] = None
     got = terrain_table(holed)
