@@ -131,6 +131,8 @@ def disk_members(cells: np.ndarray, k: int, of: np.ndarray | None = None) -> tup
     are taken as integer arrays and matched by a binary search: ~8x faster than h3's string API.
     """
     of = np.arange(len(cells)) if of is None else np.asarray(of, dtype=np.int64)
+    if len(of) == 0:  # no disk to take (a quiet day: no cell has enough outages to be anomalous)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     facts = [_cell_int(c) for c in cells]
     ints = np.fromiter((f[0] for f in facts), dtype=np.uint64, count=len(cells))
     disks = [numpy_int.grid_disk(int(ints[i]), k) for i in of]
@@ -283,9 +285,11 @@ def _clusters(cells: list[str], outages: np.ndarray, cust_out: np.ndarray, lat: 
     """The damage clusters (anomalous cells connected through H3 adjacency), numbered 1.. by
     outages descending, then smallest cell id: each cell's cluster (-1: none) and one row each."""
     comps = connected_clusters(cells, anomalous_cells(cells, outages.astype(float)))
+    cluster_id = np.full(len(cells), -1, dtype=np.int64)
+    if not comps:
+        return cluster_id, []
     pos = {c: i for i, c in enumerate(cells)}
     comps.sort(key=lambda comp: (-int(outages[[pos[c] for c in comp]].sum()), comp[0]))
-    cluster_id = np.full(len(cells), -1, dtype=np.int64)
     rows = []
     hourly = stats.set_index(["cell_id", "hour"])["outages"]  # outages per (cell, hour), as counted above
     for cid, comp in enumerate(comps, start=1):
