@@ -375,10 +375,9 @@ def zygote_main() -> None:
     with dg.DagsterInstance.get():
         pass
     # What present makes once per process (the page template) is made here, for every run.
-    from assets.partitions import regions
     from assets.transforms.present import prepare
 
-    prepare(regions())
+    prepare()
     # The allocator settings and the frozen heap (gc.freeze: what every run shares is never
     # walked by a run's collections, nor copied by them) are inherited by every fork.
     prepare_process()

@@ -554,7 +554,7 @@ def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | No
     results.put(None)
 
 
-def _worker_context(keys: list[str]):  # -> multiprocessing context
+def _worker_context():  # -> multiprocessing context
     """How worker processes start: on Linux a fork of this process once it has imported Dagster
     and the code location and made what present makes once per process, else a fresh
     interpreter (spawn).
@@ -574,12 +574,9 @@ def _worker_context(keys: list[str]):  # -> multiprocessing context
         return mp.get_context("spawn")
     for module in WARM_MODULES:
         importlib.import_module(module)
-    from assets.partitions import regions
     from assets.transforms.present import prepare
-    from resources.keys import split_partition_key
 
-    wanted = {split_partition_key(key)[1] for key in keys}
-    prepare([r for r in regions() if r.region_id in wanted])  # made once, for every worker
+    prepare()  # made once, for every worker
     return mp.get_context("fork")
 
 
@@ -605,7 +602,7 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:  # one worker, or one range run's worth of keys
         return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
-    ctx = _worker_context(keys)
+    ctx = _worker_context()
     tasks, results = ctx.Queue(), ctx.Queue()
     for block in blocks:
         tasks.put(block)

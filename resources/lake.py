@@ -43,19 +43,6 @@ PREFETCH_NICE = 10
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
 CREATE_TRIES = 5  # a table creation racing another process's is tried again
 CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
-#: How long a table's log keeps the commits before its last checkpoint, in minutes
-#: (``STORMLAKE_LAKE_LOG_RETENTION_MINUTES``). Every write lists the log folder and reads what it
-#: finds, so its cost grows with the log: about 0.13 ms a write more for every commit kept (a
-#: year of 50 regions is 18,250 commits a table, seconds a write). Commits older than this are
-#: removed when delta-rs writes a checkpoint (every 100 commits); a pinned read finds its
-#: partition's files in the ledger, not in the log (see :meth:`Lake.read_partition`), so only
-#: an outside reader's time travel is bounded by it.
-
-
-def table_configuration(log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES) -> dict[str, str]:
-    """The table properties every lake table is created with (and an older table is given at its
-    first write by a process)."""
-    return {"delta.logRetentionDuration": f"interval {log_retention_minutes} minutes"}
 #: Threads that write (and hash) a phase's tables at once: a phase writes at most five.
 WRITER_THREADS = 5
 T = TypeVar("T")
@@ -86,6 +73,21 @@ def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
         pool = _writers[1]
     futures = [pool.submit(call) for call in calls]
     return [f.exception() or f.result() for f in futures]
+
+
+def table_configuration(log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES) -> dict[str, str]:
+    """The table properties every lake table is created with (and an older table is given at its
+    first write by a process).
+
+    ``delta.logRetentionDuration`` is how long a table's log keeps the commits before its last
+    checkpoint (``STORMLAKE_LAKE_LOG_RETENTION_MINUTES``). Every write lists the log folder and
+    reads what it finds, so its cost grows with the log: about 0.13 ms a write more for every
+    commit kept (a year of 50 regions is 18,250 commits a table, seconds a write). Commits older
+    than this are removed when delta-rs writes a checkpoint (every 100 commits); a pinned read
+    finds its partition's files in the ledger, not in the log (see :meth:`Lake.read_partition`),
+    so only an outside reader's time travel is bounded by it.
+    """
+    return {"delta.logRetentionDuration": f"interval {log_retention_minutes} minutes"}
 
 
 def _background_priority() -> None:
@@ -402,6 +404,12 @@ class Lake:
         writer adds while it lists shifts every number after it (seen with two processes writing
         the same tables: the version of a neighbour's commit, off by one or two, returned as ours).
         """
+        found = self._committed(table, app, seq, search=search, dt=dt)
+        return None if found is None else found[0]
+
+    def _committed(self, table: str, app: str, seq: int, *, search: int = 500,
+                   dt: DeltaTable | None = None) -> tuple[int, _Commit | None] | None:
+        """:meth:`committed_version`, with the commit as read from its file (None on a remote lake)."""
         dt = dt if dt is not None else self.table(table)
         uri = self.uri(table)
         if "://" not in uri:
@@ -413,11 +421,11 @@ class Lake:
                 if commit is None:  # the log's cleanup removed it and everything before it
                     break
                 if commit.made_by(app, seq):
-                    return version
+                    return version, commit
             return None
         for entry in dt.history(search):
             if entry.get(APP_KEY) == app and str(entry.get(SEQ_KEY)) == str(seq):
-                return int(entry["version"])
+                return int(entry["version"]), None
         return None
 
     def overwrite_partition(self, table: str, region_id: str, day: str, data: pa.Table, *,
@@ -446,10 +454,10 @@ class Lake:
             # skips the lookup (about 3 ms a table in delta-rs 1.6).
             done = dt.transaction_version(app) if attempt or seq != first_seq else None
             if done is not None and done >= first_seq:
-                version = self.committed_version(table, app, done, dt=dt)
-                if version is not None:
-                    return WriteResult(table, version, written=False, rows=data.num_rows,
-                                       files=_files_of(_read_commit(uri, version), region_id, day))
+                found = self._committed(table, app, done, dt=dt)
+                if found is not None:
+                    return WriteResult(table, found[0], written=False, rows=data.num_rows,
+                                       files=_files_of(found[1], region_id, day))
             try:
                 write_deltalake(
                     dt,
@@ -483,8 +491,7 @@ class Lake:
             if "://" not in uri:
                 commit = _read_commit(uri, version)
                 if commit is None or not commit.made_by(app, seq):
-                    version = self.committed_version(table, app, seq, dt=dt)
-                    commit = None if version is None else _read_commit(uri, version)
+                    version, commit = self._committed(table, app, seq, dt=dt) or (None, None)
             else:
                 entry = dt.history(1)
                 if (not entry or entry[0].get("version", version) != version or entry[0].get(APP_KEY) != app

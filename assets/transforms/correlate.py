@@ -37,6 +37,8 @@ from assets.transforms.enrich import (
     cell_centres,
     empty_frame,
     feeder_table,
+    group_max,
+    group_sum,
     nearest_station,
     station_hour_grid,
     terrain_table,
@@ -57,19 +59,6 @@ def _with_partition(df: pd.DataFrame, region: Region, day: str, names: list[str]
     return pd.DataFrame({c: const[c] if c in const else df[c].array for c in names})
 
 
-def _group_max(groups: np.ndarray, values: np.ndarray, n: int, *, floats: bool) -> np.ndarray:
-    """Per group ``0..n-1``: the largest of ``values`` (floats: NaN skipped, NaN when none)."""
-    out = np.full(n, np.nan) if floats else np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    (np.fmax if floats else np.maximum).at(out, groups, values)
-    return out
-
-
-def _group_sum(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(n, dtype=np.int64)
-    np.add.at(out, groups, values)
-    return out
-
-
 def cell_hour_stats(enriched: pd.DataFrame, region: Region, day: str) -> pd.DataFrame:
     """Per (cell, hour) with outages: counts, customers, max gust and max rain (one station value per hour).
 
@@ -88,10 +77,10 @@ def cell_hour_stats(enriched: pd.DataFrame, region: Region, day: str) -> pd.Data
         "cell_id": np.asarray(cells, dtype=object)[keys // len(hours)],
         "hour": np.asarray(hours)[keys % len(hours)].astype(np.int32),
         "outages": np.bincount(group, minlength=n).astype(np.int64),
-        "customers_out": _group_sum(group, enriched["customers_out"].to_numpy(dtype=np.int64), n),
-        "cell_customers": _group_max(group, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False),
-        "gust_ms": _group_max(group, enriched["gust_ms"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
-        "rain_mm": _group_max(group, enriched["rain_mm"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
+        "customers_out": group_sum(group, enriched["customers_out"].to_numpy(dtype=np.int64), n),
+        "cell_customers": group_max(group, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False),
+        "gust_ms": group_max(group, enriched["gust_ms"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
+        "rain_mm": group_max(group, enriched["rain_mm"].to_numpy(dtype=float, na_value=np.nan), n, floats=True),
     })
     return _with_partition(g, region, day, CELL_HOUR_STATS.names)
 
@@ -262,8 +251,8 @@ def _cell_counts(enriched: pd.DataFrame, customers: pd.DataFrame,
     cell_code, seen = pd.factorize(enriched["cell_id"], sort=True)
     at = np.searchsorted(cells, np.asarray(seen, dtype=object))[cell_code] if len(enriched) else np.zeros(0, np.int64)
     outages = np.bincount(at, minlength=n).astype(np.int64)
-    cust_out = _group_sum(at, enriched["customers_out"].to_numpy(dtype=np.int64), n)
-    carried = _group_max(at, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False)
+    cust_out = group_sum(at, enriched["customers_out"].to_numpy(dtype=np.int64), n)
+    carried = group_max(at, enriched["cell_customers"].to_numpy(dtype=np.int64), n, floats=False)
     feeders = feeder_table(customers).reindex(cells)
     reference = feeders["cell_customers"].to_numpy(dtype=float, na_value=np.nan)
     cell_cust = np.where(np.isnan(reference), np.where(outages > 0, carried, 0), reference).astype(np.int64)

@@ -6,7 +6,9 @@ per *unique cell* (a few thousand) and then broadcast to the rows, so a partitio
 outages costs one H3 call per row and a handful of vectorised gathers.
 
 The weather helpers (:func:`station_hour_grid`, :func:`nearest_station`, :func:`cell_centres`)
-are shared with the correlate transform so that both phases see a cell's weather the same way.
+are shared with the correlate transform so that both phases see a cell's weather the same way;
+the per-group reductions (:func:`group_sum`, :func:`group_max`) and :func:`utc` serve correlate
+and present too.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     return schema.empty_table().to_pandas()
 
 
-def _utc(series: pd.Series) -> pd.Series:
-    """Timestamps as tz-aware UTC; a column read from the lake is that already and is returned as
-    it is (``pd.to_datetime`` would look at every value)."""
+def utc(series: pd.Series) -> pd.Series:
+    """Timestamps as tz-aware UTC (naive values are taken to be UTC already); a column read from
+    the lake is that already and is returned as it is (``pd.to_datetime`` would look at every value)."""
     dtype = series.dtype
     if isinstance(dtype, pd.DatetimeTZDtype):
         return series if str(dtype.tz) == "UTC" else series.dt.tz_convert("UTC")
@@ -121,6 +123,20 @@ def _fill_nearest_hour(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     return out
 
 
+def group_sum(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per group ``0..n-1``: the sum of its ``values`` as int64 (0 for a group without any)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, groups, values)
+    return out
+
+
+def group_max(groups: np.ndarray, values: np.ndarray, n: int, *, floats: bool) -> np.ndarray:
+    """Per group ``0..n-1``: the largest of ``values`` (floats: NaN skipped, NaN when none)."""
+    out = np.full(n, np.nan) if floats else np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    (np.fmax if floats else np.maximum).at(out, groups, values)
+    return out
+
+
 def _firsts(groups: np.ndarray, order: np.ndarray) -> np.ndarray:
     """The first position of each group in ``order`` (positions sorted by group first)."""
     ordered = groups[order]
@@ -136,7 +152,7 @@ def station_hour_grid(weather: pd.DataFrame, day: str) -> StationGrid:
     if weather is None or len(weather) == 0:
         z = np.zeros((0, HOURS))
         return StationGrid(np.array([], dtype=object), np.zeros(0), np.zeros(0), z, z, z)
-    obs = _utc(weather["observed_at"])
+    obs = utc(weather["observed_at"])
     hour = ((obs - day_start(day)) // pd.Timedelta(hours=1)).to_numpy()
     keep = (hour >= 0) & (hour < HOURS) & weather["station_id"].notna().to_numpy()
     if not keep.any():
@@ -181,12 +197,10 @@ def feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
     if not keyed.all():
         cell_code, feeder_code, counted = cell_code[keyed], feeder_code[keyed], counted[keyed]
     pairs, inverse = np.unique(cell_code.astype(np.int64) * len(feeders) + feeder_code, return_inverse=True)
-    sums = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(sums, inverse, counted)
+    sums = group_sum(inverse, counted, len(pairs))
     pair_cell, pair_feeder = pairs // len(feeders), pairs % len(feeders)
     best = _firsts(pair_cell, np.lexsort((pair_feeder, -sums, pair_cell)))  # most customers, then smallest id
-    total = np.zeros(len(cells), dtype=np.int64)
-    np.add.at(total, pair_cell, sums)
+    total = group_sum(pair_cell, sums, len(cells))
     return pd.DataFrame({"feeder_id": np.asarray(feeders, dtype=object)[pair_feeder[best]],
                          "cell_customers": total[pair_cell[best]]},
                         index=pd.Index(np.asarray(cells, dtype=object)[pair_cell[best]], name="cell_id"))
@@ -232,8 +246,8 @@ def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd
     o = outages.iloc[order]
     lat, lon = o["lat"].to_numpy(float), o["lon"].to_numpy(float)
     cells, inv = cells_of_points(lat, lon)
-    reported = _utc(o["reported_at"]).reset_index(drop=True)
-    restored = _utc(o["restored_at"]).reset_index(drop=True)
+    reported = utc(o["reported_at"]).reset_index(drop=True)
+    restored = utc(o["restored_at"]).reset_index(drop=True)
     hour = reported.dt.hour.to_numpy().astype(np.int32)
 
     feeders = feeder_table(customers).reindex(cells)

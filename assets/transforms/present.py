@@ -33,7 +33,7 @@ import datetime as dt
 import functools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from assets.schemas import (
     REGION_DAY_SUMMARY,
     STORM_CLUSTERS,
 )
+from assets.transforms.enrich import group_sum, utc
 from assets.transforms.pages import html_escaped, page_environment
 from assets.transforms.pictures import render_hourly_svg, render_map_svg
 from resources.settings import Region
@@ -82,15 +83,6 @@ def _conform(df: pd.DataFrame, schema: pa.Schema, what: str) -> pd.DataFrame:
     if len(df):
         raise ValueError(f"{what}: missing column(s) {', '.join(missing)}")
     return schema.empty_table().to_pandas()
-
-
-def _utc(series: pd.Series) -> pd.Series:
-    """Timestamps as tz-aware UTC (naive values are taken to be UTC already). A column read from
-    the lake is UTC already and is returned as it is (``pd.to_datetime`` would look at every value)."""
-    dtype = series.dtype
-    if isinstance(dtype, pd.DatetimeTZDtype):
-        return series if str(dtype.tz) == "UTC" else series.dt.tz_convert("UTC")
-    return pd.to_datetime(series, utc=True)
 
 
 def _day_end(day: str) -> pd.Timestamp:
@@ -127,7 +119,7 @@ def _dumps(obj: Any, *, indent: int | None) -> bytes:
 
 
 def _restored_mask(enriched: pd.DataFrame, day: str) -> pd.Series:
-    restored_at = _utc(enriched["restored_at"])
+    restored_at = utc(enriched["restored_at"])
     return restored_at.notna() & (restored_at <= _day_end(day))
 
 
@@ -139,8 +131,7 @@ def _top_feeders(enriched: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     code = code[known]
     outages = np.bincount(code, minlength=len(feeders))
-    customers_out = np.zeros(len(feeders), dtype=np.int64)
-    np.add.at(customers_out, code, enriched["customers_out"].to_numpy(dtype=np.int64)[known])
+    customers_out = group_sum(code, enriched["customers_out"].to_numpy(dtype=np.int64)[known], len(feeders))
     seen = np.flatnonzero(outages)
     top = seen[np.lexsort((seen, -outages[seen], -customers_out[seen]))][:TOP_FEEDERS]
     return [{"feeder_id": str(feeders[i]), "outages": int(outages[i]), "customers_out": int(customers_out[i])}
@@ -267,7 +258,7 @@ def _restoration(enriched: pd.DataFrame, day: str) -> dict[str, Any]:
 def _median_minutes(done: pd.DataFrame) -> float:
     """Median ``restoration_min`` of restored outages, ``restored_at - reported_at`` where it is null."""
     minutes = done["restoration_min"].astype(float)
-    computed = (_utc(done["restored_at"]) - _utc(done["reported_at"])).dt.total_seconds() / 60.0
+    computed = (utc(done["restored_at"]) - utc(done["reported_at"])).dt.total_seconds() / 60.0
     return float(minutes.fillna(computed).median())
 
 
@@ -451,7 +442,7 @@ def _backlog(enriched: pd.DataFrame, day: str) -> _Backlog:
     open_ = enriched.loc[~_restored_mask(enriched, day).to_numpy(), shown]
     if open_.empty:
         return _Backlog([], 0, 0)
-    open_ = open_.assign(reported_utc=_utc(open_["reported_at"]))
+    open_ = open_.assign(reported_utc=utc(open_["reported_at"]))
     open_ = open_.sort_values(
         ["customers_out", "reported_utc", "event_id"], ascending=[False, True, True], kind="mergesort"
     )
@@ -495,10 +486,9 @@ def _degrees(value: float, pos: str, neg: str) -> str:
     return f"{abs(value):.2f}° {pos if value >= 0 else neg}"
 
 
-def prepare(regions: Sequence[Region]) -> None:
+def prepare() -> None:
     """Make now what present makes once per process (the page template), in a process about to
-    fork the processes that run it. ``regions``: the regions those processes will draw (the
-    pictures need nothing made ahead for them)."""
+    fork the processes that run it (the pictures need nothing made ahead)."""
     _report_template()
 
 
