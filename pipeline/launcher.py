@@ -81,6 +81,9 @@ WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms
                 "dagster._core.storage.local_compute_log_manager", "dagster._core.execution.plan.active")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BACKFILL_INTERVAL_S = 2
+#: Connections the daemon's storage pool may open beyond the one it keeps: its threads (backfill
+#: iterations and submissions, the queue, sensors, schedules, run monitoring) at once.
+DAEMON_POOL_OVERFLOW = 8
 
 
 def in_daemon() -> bool:
@@ -125,6 +128,10 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         which only queues runs, starts none."""
         super().register_instance(instance)
         if in_daemon():
+            # The daemon writes each new run's planned events (14 a run, stored one at a time:
+            # planned materializations and planned checks are not one batch type) and polls
+            # runs and backfills; dagster-postgres would open a connection for each of those.
+            dagster_compat.pool_storage_connections(instance, max_overflow=DAEMON_POOL_OVERFLOW)
             launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
             if isinstance(launcher, WarmRunLauncher):
                 threading.Thread(target=launcher.prestart, name="stormlake-warm-process", daemon=True).start()

@@ -159,16 +159,24 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
 def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
         instance, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The daemon builds its coordinator when it starts; there the warm process starts too, so a
-    backfill's first run does not wait for its imports. Elsewhere (the webserver) none starts."""
+    backfill's first run does not wait for its imports, and its storage keeps a pool of
+    connections (dagster-postgres's default opens one for every call: each planned event of a
+    new run, each look at the queue). Elsewhere (the webserver) neither happens."""
+    import sqlalchemy.pool
+
     import pipeline.launcher as launcher
 
     assert not launcher.in_daemon()
     instance.run_coordinator  # noqa: B018 - built outside the daemon
     assert instance.run_launcher._zygote is None
+    assert isinstance(instance.event_log_storage._engine.pool, sqlalchemy.pool.NullPool)
     monkeypatch.setattr(sys, "argv", [str(launcher.Path(dg.__file__).parent / "_daemon" / "__main__.py"), "run"])
     assert launcher.in_daemon()
     with dg.DagsterInstance.get() as daemon_instance:
         daemon_instance.run_coordinator  # noqa: B018 - as the daemon builds it
+        for storage in (daemon_instance.event_log_storage, daemon_instance.run_storage,
+                        daemon_instance.schedule_storage):
+            assert isinstance(storage._engine.pool, sqlalchemy.pool.QueuePool), storage
         warm = daemon_instance.run_launcher
         try:
             deadline = time.monotonic() + HANG_GUARD_S
