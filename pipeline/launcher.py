@@ -127,6 +127,9 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         imports take. The daemon builds its coordinator before it starts its loops; the webserver,
         which only queues runs, starts none."""
         super().register_instance(instance)
+        # Wherever runs are created (the webserver's "Materialize", the daemon's backfills), a
+        # new run's planned events are stored in one insert.
+        dagster_compat.batch_planned_events(instance)
         if in_daemon():
             # The daemon writes each new run's planned events (14 a run, stored one at a time:
             # planned materializations and planned checks are not one batch type) and polls

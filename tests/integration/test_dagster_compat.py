@@ -47,6 +47,12 @@ PRIVATE = [
      "fail_dead_run"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.free_concurrency_slots_for_run", ("run_id",),
      "fail_dead_run"),
+    ("dagster._core.storage.event_log.sql_event_log", "SqlEventLogStorage.prepare_insert_event_batch",
+     ("events",), "batch_planned_events"),
+    ("dagster._core.storage.event_log.sql_event_log", "SqlEventLogStorage._store_asset_event_tags",
+     ("conn", "events", "event_ids"), "batch_planned_events"),
+    ("dagster_postgres.event_log.event_log", "PostgresEventLogStorage._store_asset_event",
+     ("conn", "event", "event_id"), "batch_planned_events"),
     ("dagster._core.instance.instance", "DagsterInstance.optimize_for_webserver",
      ("statement_timeout", "pool_recycle", "max_overflow"), "pool_storage_connections"),
     ("dagster._core.storage.event_log.schema", "SqlEventLogStorageMetadata", None, "storage_tables"),
@@ -245,6 +251,68 @@ def test_pool_storage_connections_keeps_connections_open(instance: dg.DagsterIns
     instance.get_runs(limit=1)
     assert _idle_connections(pg_admin_dsn, database) >= 1, _fail(
         "optimize_for_webserver no longer keeps a connection pool", "pool_storage_connections")
+
+
+def _range_job() -> dg.JobDefinition:
+    """Two assets written by one op over three partitions, with a check: a phase in miniature."""
+    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
+
+    @dg.multi_asset(specs=[dg.AssetSpec("t1", partitions_def=parts), dg.AssetSpec("t2", partitions_def=parts)],
+                    partitions_def=parts, can_subset=False, check_specs=[dg.AssetCheckSpec("grader", asset="t1")])
+    def phase():  # noqa: ANN202 - never executed here: the tests only create runs of it
+        yield from ()
+
+    return dg.Definitions(assets=[phase], jobs=[dg.define_asset_job("j", partitions_def=parts)]).resolve_job_def("j")
+
+
+def _run_events(dsn: str, run_id: str) -> list[tuple[str, str, str | None]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT dagster_event_type, asset_key, partition FROM event_logs WHERE run_id = %s"
+                            " AND dagster_event_type LIKE '%%PLANNED' ORDER BY id", (run_id,)).fetchall()
+        checks = conn.execute("SELECT 'check', asset_key || check_name, partition FROM asset_check_executions"
+                              " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
+    return sorted(rows) + sorted(checks)
+
+
+def test_batch_planned_events_writes_dagster_s_rows_in_one_insert(instance: dg.DagsterInstance,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from pipeline.instance import EVENT_BATCH_ENV, EVENT_BATCH_SIZE
+
+    monkeypatch.setenv(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))  # as every stormlake process sets it
+    dsn = os.environ["STORMLAKE_TEST_DAGSTER_DSN"]
+    job = _range_job()
+    tags = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"}
+    storage = instance.event_log_storage
+    one_by_one: list[str] = []
+    store_event = storage.store_event
+    monkeypatch.setattr(storage, "store_event", lambda e: one_by_one.append(e.run_id) or store_event(e))
+
+    before = instance.create_run_for_job(job, tags=tags)  # Dagster's own path: an event at a time
+    assert one_by_one.count(before.run_id) == 7  # 2 assets x 3 partitions, 1 check
+    compat.batch_planned_events(instance)
+    compat.batch_planned_events(instance)  # a second call leaves the first in place
+    assert storage.store_event_batch.stormlake_batched
+    after = instance.create_run_for_job(job, tags=tags)
+    assert one_by_one.count(after.run_id) == 1, _fail(  # the planned check alone
+        "planned materializations are still stored one at a time", "batch_planned_events")
+
+    expected = _run_events(dsn, before.run_id)
+    assert sum(kind == "ASSET_MATERIALIZATION_PLANNED" for kind, _, _ in expected) == 2 * 3
+    assert any(kind == "check" for kind, _, _ in expected)
+    assert _run_events(dsn, after.run_id) == expected, _fail(
+        "the batched planned events differ from dagster-postgres's", "batch_planned_events")
+    # What the UI reads from them: each planned partition in progress in the newest run, and the
+    # asset's index row pointing at it.
+    for asset in ("t1", "t2"):
+        attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
+            dg.AssetKey(asset))
+        assert {p: run for p, (run, _) in attempts.items()} == dict.fromkeys("abc", after.run_id)
+        assert instance.get_asset_records([dg.AssetKey(asset)])[0].asset_entry.last_run_id == after.run_id
+    # Other batches (a step's materializations) still take dagster-postgres's path.
+    instance.report_runless_asset_event(dg.AssetMaterialization("t1", partition="a"))
+    assert instance.get_latest_materialization_event(dg.AssetKey("t1")) is not None
 
 
 def test_remember_tables_answers_has_table_without_a_query(instance: dg.DagsterInstance) -> None:
