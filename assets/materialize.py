@@ -14,7 +14,7 @@ description.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +126,11 @@ def grader_spec(phase: Phase) -> dg.AssetCheckSpec:
 
 
 def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerResource, lake: LakeResource,
-                 landing: LandingResource, publisher: PublisherResource) -> PhaseRunner:
+                 landing: LandingResource, publisher: PublisherResource,
+                 outcome_log: Callable[[str], None] | None = None) -> PhaseRunner:
     log = context.log.info if context is not None else None
     return PhaseRunner(
+        outcome_log=outcome_log,
         ledger=ledger.get(),
         lake=lake.get(SCHEMAS, partition_by=PARTITION_COLUMNS),
         landing=landing.get(),
@@ -294,8 +296,12 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     outcomes: list[Outcome] = []
     failures: list[tuple[str, StormlakeError]] = []
     runner: PhaseRunner | None = None
+    # A key range's outcome lines go to the run's log together, as one event at the step's end
+    # (its materializations come then too): each log line is a row Dagster writes on its own, and
+    # one a phase and partition was a tenth of Dagster's cost of a small partition.
+    lines: list[str] = []
     try:
-        runner = build_runner(context, **resources)
+        runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)
         parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
         for i, (key, part) in enumerate(zip(keys, parts, strict=True)):
             if i + 1 < len(parts):
@@ -310,6 +316,9 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
         if exc.transient:
             raise
         failures.append((keys[0] if len(keys) == 1 else "?", exc))
+    finally:
+        if lines:
+            context.log.info(f"{phase.name}: {len(lines)} of {len(keys)} partitions done\n" + "\n".join(lines))
     return runner, outcomes, failures
 
 

@@ -139,7 +139,7 @@ class PhaseRunner:
 
     def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
                  regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
-                 lease_timeout_s: float = 900.0, force: Force | None = None,
+                 outcome_log: Log | None = None, lease_timeout_s: float = 900.0, force: Force | None = None,
                  dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER):
         self.ledger = ledger
         self.dead_letter_after = dead_letter_after
@@ -150,6 +150,8 @@ class PhaseRunner:
         self.regions = regions
         self.run_id = run_id
         self.log: Log = log or (lambda _msg: None)
+        # A partition's outcome line (COMPLETED, SKIPPED); by default with the other lines.
+        self.outcome_log: Log = outcome_log or self.log
         self.lease_timeout_s = lease_timeout_s
         prepare_process()
 
@@ -326,7 +328,7 @@ class PhaseRunner:
         if look.skip:
             assert look.head is not None
             self.ledger.record_skip(look.head, self.run_id)
-            self.log(f"{phase.name} {part.key}: SKIPPED (checkpoint seq {look.head.seq} has this input hash)")
+            self.outcome_log(f"{phase.name} {part.key}: SKIPPED (checkpoint seq {look.head.seq} has this input hash)")
             return Outcome(phase.name, part.key, "SKIPPED", look.head)
 
         def waiting(waited: float) -> None:
@@ -337,7 +339,7 @@ class PhaseRunner:
             decision = self.ledger.claim(**args)
             if decision.skip:
                 assert decision.head is not None
-                self.log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
+                self.outcome_log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
                 return Outcome(phase.name, part.key, "SKIPPED", decision.head)
             claim = decision.claim
             assert claim is not None
@@ -452,5 +454,5 @@ class PhaseRunner:
         cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=tier,
                                   tier_label=label, run_id=self.run_id)
         held = f", held for review: {hold['quality']}" if hold else ""
-        self.log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]}{held})")
+        self.outcome_log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]}{held})")
         return Outcome(phase.name, part.key, "COMPLETED", cp, tuple(delivered), tuple(checks))

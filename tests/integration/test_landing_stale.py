@@ -237,6 +237,14 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
     assert mats[KEY]["status"].value == "COMPLETED" and mats[OTHER]["status"].value == "COMPLETED"
     assert mats[KEY]["attempt"].value == 1 and mats[KEY]["seq"].value != mats[OTHER]["seq"].value
     assert mats[KEY]["state_hash"].value != mats[OTHER]["state_hash"].value
+    # The range's outcome lines are one entry of the run's log, a line for each partition.
+    outcome_logs = [r.user_message for r in instance.all_logs(result.run_id)
+                    if r.user_message and r.user_message.startswith("ingest: ")]
+    assert len(outcome_logs) == 1, outcome_logs
+    assert outcome_logs[0].splitlines() == [
+        "ingest: 2 of 2 partitions done",
+        f"ingest {KEY}: COMPLETED (seq {mats[KEY]['seq'].value}, state {mats[KEY]['state_hash'].value[:12]})",
+        f"ingest {OTHER}: COMPLETED (seq {mats[OTHER]['seq'].value}, state {mats[OTHER]['state_hash'].value[:12]})"]
     # Observing now finds nothing new for them: the step's observations stand.
     counts = {k: len(_observations(instance, k)) for k in keys}
     assert counts == {KEY: 2, OTHER: 1}
