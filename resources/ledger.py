@@ -497,15 +497,16 @@ class Ledger:
     @staticmethod
     def _event_txn(conn: psycopg.Connection, cp: Checkpoint, status: str, run_id: str | None,
                    detail: dict[str, Any] | None = None) -> None:
+        # The event and its NOTIFY in one statement: one round trip.
         conn.execute(
-            "INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
+            "WITH ev AS (INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
             " input_hash, seq, attempt, tier, run_id, detail) VALUES (%(id)s, %(partition)s, %(region)s,"
-            " %(day)s, %(phase)s, %(status)s, %(input_hash)s, %(seq)s, %(attempt)s, %(tier)s, %(run)s, %(detail)s)",
+            " %(day)s, %(phase)s, %(status)s, %(input_hash)s, %(seq)s, %(attempt)s, %(tier)s, %(run)s, %(detail)s)"
+            " RETURNING 1) SELECT pg_notify('stormlake_events', %(note)s) FROM ev",
             {"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
              "status": status, "input_hash": cp.input_hash, "seq": cp.seq, "attempt": cp.attempt, "tier": cp.tier,
-             "run": run_id, "detail": Jsonb(detail or {})},
+             "run": run_id, "detail": Jsonb(detail or {}), "note": f"{cp.partition_key}|{cp.phase}|{status}"},
         )
-        conn.execute("SELECT pg_notify('stormlake_events', %s)", (f"{cp.partition_key}|{cp.phase}|{status}",))
 
     # The head of a (partition, phase) is found by the attempt's identity, its idempotency key
     # (partition, phase, input hash), which names at most one live checkpoint (a unique index).
@@ -545,44 +546,47 @@ class Ledger:
             if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
                 self._event_txn(conn, own, "SKIPPED", run_id)
                 return Decision(skip=True, head=own)
-            seq = conn.execute("SELECT nextval('checkpoint_seq')").fetchone()[0]
             if own is not None and own.schema_version == schema_version:
-                cp = self._take_over_txn(conn, own, seq, run_id)
+                cp = self._take_over_txn(conn, own, run_id)
+                recorded = self._recorded_txn(conn, cp)
             else:
-                cp = self._new_attempt_txn(conn, head, seq, run_id, {
+                cp = self._new_attempt_txn(conn, head, run_id, {
                     "partition": partition_key, "region": region_id, "day": day, "phase": phase,
                     "input_hash": input_hash, "key": key, "schema": schema_version, "code": code_version})
+                recorded = {}  # a new checkpoint row: no attempt of it has recorded a call yet
             self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
-            return Decision(skip=False, head=cp, claim=Claim(cp, self._recorded_txn(conn, cp)))
+            return Decision(skip=False, head=cp, claim=Claim(cp, recorded))
 
         return self._run(txn, what=f"claim {phase} of {partition_key}")
 
     @staticmethod
-    def _take_over_txn(conn: psycopg.Connection, own: Checkpoint, seq: int, run_id: str | None) -> Checkpoint:
+    def _take_over_txn(conn: psycopg.Connection, own: Checkpoint, run_id: str | None) -> Checkpoint:
         """The same work, whose earlier attempt failed or died: PENDING again under a new token."""
         with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
             cp = cur.execute(
-                "UPDATE checkpoints SET status = 'PENDING', seq = %(seq)s, attempt = attempt + 1,"
+                "UPDATE checkpoints SET status = 'PENDING', seq = nextval('checkpoint_seq'), attempt = attempt + 1,"
                 " run_id = %(run)s, error_class = NULL, error_message = NULL, updated_at = now()"
                 " WHERE id = %(id)s RETURNING *",
-                {"seq": seq, "run": run_id, "id": own.id},
+                {"run": run_id, "id": own.id},
             ).fetchone()
         assert cp is not None
         return cp
 
     @staticmethod
-    def _new_attempt_txn(conn: psycopg.Connection, head: Checkpoint | None, seq: int, run_id: str | None,
+    def _new_attempt_txn(conn: psycopg.Connection, head: Checkpoint | None, run_id: str | None,
                          row: dict[str, Any]) -> Checkpoint:
-        """New work for the (partition, phase): the head (if any) is superseded by a PENDING row."""
+        """New work for the (partition, phase): the head (if any) is superseded by a PENDING row,
+        whose first and current token are one new number of ``checkpoint_seq``."""
         if head is not None:
             conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = %(id)s", {"id": head.id})
         with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
             cp = cur.execute(
-                "INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
+                "WITH s AS (SELECT nextval('checkpoint_seq') AS seq)"
+                " INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
                 " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
-                " VALUES (%(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
-                " 'PENDING', %(schema)s, %(code)s, %(seq)s, %(seq)s, %(run)s) RETURNING *",
-                {**row, "seq": seq, "run": run_id},
+                " SELECT %(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
+                " 'PENDING', %(schema)s, %(code)s, s.seq, s.seq, %(run)s FROM s RETURNING *",
+                {**row, "run": run_id},
             ).fetchone()
         assert cp is not None
         return cp
@@ -889,16 +893,14 @@ class Ledger:
                     return last
                 if last is not None and last.status == "PENDING":
                     conn.execute("UPDATE receipts SET status = 'SUPERSEDED' WHERE receipt_id = %s", (last.receipt_id,))
-                prev = conn.execute(
-                    "SELECT artifact_id FROM receipts WHERE region_id = %s AND day = %s AND kind = %s"
-                    " AND target = %s AND status = 'DELIVERED' AND artifact_id <> %s"
-                    " ORDER BY receipt_id DESC LIMIT 1",
-                    (*slot, artifact_id),
+                # The slot's last delivered other revision and this artifact's next generation, in one look.
+                prev, generation = conn.execute(
+                    "SELECT (SELECT artifact_id FROM receipts WHERE region_id = %s AND day = %s AND kind = %s"
+                    "  AND target = %s AND status = 'DELIVERED' AND artifact_id <> %s"
+                    "  ORDER BY receipt_id DESC LIMIT 1),"
+                    " (SELECT coalesce(max(generation), 0) + 1 FROM receipts WHERE artifact_id = %s AND target = %s)",
+                    (*slot, artifact_id, artifact_id, target),
                 ).fetchone()
-                generation = conn.execute(
-                    "SELECT coalesce(max(generation), 0) + 1 FROM receipts WHERE artifact_id = %s AND target = %s",
-                    (artifact_id, target),
-                ).fetchone()[0]
                 rec = cur.execute(
                     "INSERT INTO receipts (artifact_id, target, generation, idempotency_key, partition_key,"
                     " region_id, day, kind, content_hash, size_bytes, target_ref, status, supersedes, checkpoint_id)"
@@ -908,7 +910,7 @@ class Ledger:
                     {"artifact": artifact_id, "target": target, "generation": generation,
                      "key": receipt_key(artifact_id, generation), "partition": partition_key, "region": region_id,
                      "day": day, "kind": kind, "content": content_hash, "size": size_bytes, "ref": target_ref,
-                     "supersedes": prev[0] if prev else None, "checkpoint": checkpoint_id},
+                     "supersedes": prev, "checkpoint": checkpoint_id},
                 ).fetchone()
                 assert rec is not None
                 return rec
