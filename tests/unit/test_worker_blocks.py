@@ -52,13 +52,32 @@ def test_one_range_or_one_worker_is_one_block() -> None:
     assert worker_blocks([], workers=2) == []
 
 
-def test_the_workers_get_ranges_that_let_them_finish_together() -> None:
-    blocks = worker_blocks(keys(3), workers=2)  # 18 keys: six regions' 3 days (9 each), not 6+6 and 6
-    assert [len(b) for b in blocks] == [3] * 6
+def check_blocks(blocks: list[list[str]], selected: list[str], max_per_run: int) -> None:
+    """Every key in one block; each block runs as exact key ranges of at most ``max_per_run``."""
+    assert sorted(k for b in blocks for k in b) == sorted(selected)
+    for block in blocks:
+        ranges = contiguous_groups(block, ORDER, max_per_run)
+        check_ranges(ranges, block)
+        assert max(len(r) for r in ranges) <= max_per_run
+
+
+def test_the_workers_get_blocks_that_let_them_finish_together() -> None:
+    # 18 keys (3 days of 6 regions) of 20,000 rows (27 a run): two blocks of three regions'
+    # days, one range each, not six blocks of a region's days (three runs a worker).
+    blocks = worker_blocks(keys(3), workers=2, max_per_run=27)
+    assert [len(b) for b in blocks] == [9, 9]
     check_ranges(blocks, keys(3))
+    # The bench's 16 (two regions' third day missing): 8 each, in two ranges each.
+    bench = [k for k in keys(3) if k not in ("2026-09-03|blue_ridge", "2026-09-03|tidewater")]
+    blocks = worker_blocks(bench, workers=2, max_per_run=27)
+    assert [len(b) for b in blocks] == [8, 8]
+    assert [len(contiguous_groups(b, ORDER, 27)) for b in blocks] == [2, 2]
+    check_blocks(blocks, bench, 27)
+    # More than the workers can take in one round: rounds of blocks of at most a run each.
     many = worker_blocks(keys(20), workers=2)
     assert max(len(b) for b in many) <= MAX_PARTITIONS_PER_RUN
-    check_ranges(many, keys(20))
+    assert len(many) >= len(keys(20)) / MAX_PARTITIONS_PER_RUN
+    check_blocks(many, keys(20), MAX_PARTITIONS_PER_RUN)
 
 
 def test_every_region_over_consecutive_days_is_one_rectangle() -> None:
@@ -121,6 +140,6 @@ def test_small_partitions_are_still_shared_among_the_workers() -> None:
     week = keys(7)[:40]
     blocks = worker_blocks(week, workers=2, max_per_run=64)
     assert len(blocks) >= 2 and max(len(b) for b in blocks) <= 20, [len(b) for b in blocks]
-    check_ranges(blocks, week)
+    check_blocks(blocks, week, 64)
     assert worker_blocks(keys(1) + ["2026-09-02|gulf_coast"], workers=2, max_per_run=64) == [
         keys(1) + ["2026-09-02|gulf_coast"]]
