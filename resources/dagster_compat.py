@@ -169,8 +169,10 @@ def batch_planned_events(instance: dg.DagsterInstance) -> None:
     Here the planned materializations of such a batch are one transaction: one multi-row insert
     into ``event_logs``, the events' tags, and each asset's index row (last run, last event
     time: an asset's later event overwrites its earlier one, so writing the last one is the
-    same). A failed batch leaves nothing behind for Dagster's fallback to write twice. Planned
-    checks (one a phase) are stored as dagster-postgres stores them. The rows are the ones Dagster
+    same). When that transaction fails it leaves nothing, and Dagster's fallback (each event
+    stored alone) writes each event once. Planned checks (one a phase) are then stored as
+    dagster-postgres stores them; if one of those fails, the fallback writes the planned
+    materializations a second time, which every reader takes as one (the latest per partition). The rows are the ones Dagster
     writes itself, so every reader (the UI's partition status, the backfill daemon) reads them
     as before; any other batch goes to dagster-postgres unchanged. Dagster hands a run's planned
     events over as one batch only when ``DAGSTER_EVENT_BATCH_SIZE`` is set
