@@ -298,7 +298,7 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     runner: PhaseRunner | None = None
     # A key range's outcome lines go to the run's log together, as one event at the step's end
     # (its materializations come then too): each log line is a row Dagster writes on its own, and
-    # one a phase and partition was a tenth of Dagster's cost of a small partition.
+    # one a phase and partition was about a tenth of Dagster's cost of a small partition.
     lines: list[str] = []
     try:
         runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)

@@ -131,9 +131,8 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         # new run's planned events are stored in one insert.
         dagster_compat.batch_planned_events(instance)
         if in_daemon():
-            # The daemon writes each new run's planned events (14 a run, stored one at a time:
-            # planned materializations and planned checks are not one batch type) and polls
-            # runs and backfills; dagster-postgres would open a connection for each of those.
+            # The daemon writes each new run's planned events (one per table asset and partition)
+            # and polls runs and backfills; dagster-postgres would open a connection for each.
             dagster_compat.pool_storage_connections(instance, max_overflow=DAEMON_POOL_OVERFLOW)
             launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
             if isinstance(launcher, WarmRunLauncher):

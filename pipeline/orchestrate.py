@@ -507,12 +507,14 @@ def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIO
 
     16 keys (3 days of 6 regions, two days missing) for 2 workers are two blocks of 8: three
     regions' days each, run as one or two ranges; as single ranges they were six blocks of a
-    region's days, three runs a worker (``stormlake backfill --workers 2`` of the bench's
-    16 partitions of 20,000 rows, on fresh homes, alternating: 11.2 and 12.0 s against 12.9
-    and 13.1 s, and less CPU time: 12.5 and 13.1 s against 14.1 and 14.5 s). A selection of at most :data:`MAX_PARTITIONS_PER_RUN` keys (or
-    ``max_per_run``, when smaller) is one block: one process runs it, with no worker to start.
-    A bigger one is shared out even when one run could take it all (small partitions): two
-    processes of half as many partitions each finish first.
+    region's days, three runs a worker (``stormlake backfill --workers 2`` of the bench's 16
+    partitions of 20,000 rows, on fresh homes, alternating: 11.2 and 12.0 s against 12.9 and
+    13.1 s, and less CPU time: 12.5 and 13.1 s against 14.1 and 14.5 s).
+
+    A selection of at most :data:`MAX_PARTITIONS_PER_RUN` keys (or ``max_per_run``, when
+    smaller) is one block: one process runs it, with no worker to start. A bigger one is
+    shared out even when one run could take it all (small partitions): two processes of half
+    as many partitions each finish first.
     """
     from assets.partitions import PARTITIONS
 
@@ -530,8 +532,8 @@ def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIO
         day, region = split_partition_key(key)
         return (region_rank.get(region, len(region_rank)), day)
 
-    def by_day(key: str) -> tuple[int, int]:
-        return (pos.get(key, len(order)), 0)
+    def by_day(key: str) -> int:
+        return pos.get(key, len(order))
 
     def ranges(block: list[str]) -> int:
         return len(contiguous_groups(block, order, max_per_run))

@@ -172,9 +172,10 @@ def batch_planned_events(instance: dg.DagsterInstance) -> None:
     same). When that transaction fails it leaves nothing, and Dagster's fallback (each event
     stored alone) writes each event once. Planned checks (one a phase) are then stored as
     dagster-postgres stores them; if one of those fails, the fallback writes the planned
-    materializations a second time, which every reader takes as one (the latest per partition). The rows are the ones Dagster
-    writes itself, so every reader (the UI's partition status, the backfill daemon) reads them
-    as before; any other batch goes to dagster-postgres unchanged. Dagster hands a run's planned
+    materializations a second time, which every reader takes as one (the latest per
+    partition). The rows are the ones Dagster writes itself, so every reader (the UI's
+    partition status, the backfill daemon) reads them as before; any other batch goes to
+    dagster-postgres unchanged. Dagster hands a run's planned
     events over as one batch only when ``DAGSTER_EVENT_BATCH_SIZE`` is set
     (:data:`pipeline.instance.EVENT_BATCH_ENV`). The method is an instance attribute of the
     storage object, not public API.
