@@ -33,6 +33,7 @@ key range of stormlake's partitions.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -186,4 +187,20 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
         return [run]
     instance.add_run_tags(run.run_id, {RANGE_START_TAG: first[0], RANGE_END_TAG: first[-1], **inherited,
                                        COPIES_TAG: json.dumps([c.run_id for c in copies])})
+    _replan_failed(instance, run, skip & set(keys))
     return [instance.get_run_by_id(run.run_id) or run, *copies]
+
+
+def _replan_failed(instance: dg.DagsterInstance, retry: dg.DagsterRun, failed: set[str]) -> None:
+    """The retry planned the partitions its parent failed before they were taken out of it: plan
+    them again in the parent, so that the UI shows them failed, not never run, once the retry
+    has succeeded (:func:`resources.dagster_compat.replan_in_failed_run`). Only the UI's colour
+    depends on it: a failure to write is said in the daemon's log and the cut stands."""
+    parent_id = retry.tags.get(PARENT_RUN_TAG)
+    if not failed or not parent_id:
+        return
+    try:
+        dagster_compat.replan_in_failed_run(instance, parent_id, retry, sorted(failed))
+    except Exception as exc:  # noqa: BLE001 - the cut is done; the UI's colour of a failed partition waits
+        logging.getLogger(__name__).warning("stormlake: could not plan the failed partitions %s again in run %s"
+                                            " (%s: %s)", sorted(failed), parent_id, exc.__class__.__name__, exc)

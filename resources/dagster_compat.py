@@ -378,6 +378,44 @@ def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
     return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
 
 
+def replan_in_failed_run(instance: dg.DagsterInstance, failed_run_id: str, retry: dg.DagsterRun,
+                         keys: Iterable[str]) -> int:
+    """Plan ``keys`` again in the run that failed them, for every asset ``retry`` plans; how many
+    planned events that wrote.
+
+    Dagster's UI tells a partition's status by its latest planned materialization: failed when
+    that run failed, in progress while it runs, nothing once it succeeded without materializing
+    it. Dagster's automatic retry of a failed key range run plans the whole range when it is
+    created, the failed partitions too; stormlake's run coordinator then takes them out of it
+    (``pipeline.range_runs``). Once the retry succeeded, the failed partitions read as never
+    run. Written again in the failed run (the run that did plan them and failed them), its plan
+    is the latest and they read as failed, as they are in the ledger. The events are Dagster's
+    own planned materializations, one per asset and partition, built as Dagster builds them
+    (``DagsterEvent.build_asset_materialization_planned_event``, not exported).
+    """
+    from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+
+    plan = instance.get_execution_plan_snapshot(retry.execution_plan_snapshot_id) \
+        if retry.execution_plan_snapshot_id else None
+    if plan is None:
+        return 0
+    keys = list(keys)
+    count = 0
+    for step in plan.steps:
+        if step.key not in plan.step_keys_to_execute:
+            continue
+        for output in step.outputs:
+            asset_key = output.properties.asset_key if output.properties else None
+            if asset_key is None:
+                continue
+            for key in keys:
+                event = DagsterEvent.build_asset_materialization_planned_event(
+                    retry.job_name, step.key, AssetMaterializationPlannedData(asset_key, partition=key))
+                instance.report_dagster_event(event, failed_run_id)
+                count += 1
+    return count
+
+
 def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, tags: dict[str, str]) -> dg.DagsterRun:
     """A new run (NOT_STARTED) like ``run``, with ``tags``: same job, selection, steps, snapshots,
     origins, parent and root run, run config.

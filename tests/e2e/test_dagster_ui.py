@@ -575,6 +575,15 @@ def test_a_bad_partition_of_a_ui_range_fails_alone(one_bad_partition: tuple[list
         "SELECT status, error_message FROM checkpoints WHERE partition_key = %s AND phase = 'ingest'"
         " AND superseded_at IS NULL", (bad,))
     assert ingest["status"] == "FAILED" and "pine_belt/2026-09-01/weather.csv" in ingest["error_message"], ingest
+    from assets.partitions import storm_partitions
+
     with dg.DagsterInstance.get() as instance:
         done = instance.get_materialized_partitions(dg.AssetKey("region_day_summary"))
+        # What the UI colours each partition by: the failed one failed (planned again in the
+        # failed run once the retry was cut, pipeline/range_runs.py), the others materialized,
+        # for the phase that failed and for the last one.
+        shown = {asset: instance.get_status_by_partition(dg.AssetKey(asset), keys, storm_partitions())
+                 for asset in ("outages_raw", "region_day_summary")}
     assert sorted(done) == good, sorted(done)
+    want = {**dict.fromkeys(good, dg.AssetPartitionStatus.MATERIALIZED), bad: dg.AssetPartitionStatus.FAILED}
+    assert shown == {"outages_raw": want, "region_day_summary": want}, shown
