@@ -127,12 +127,14 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         imports take. The daemon builds its coordinator before it starts its loops; the webserver,
         which only queues runs, starts none."""
         super().register_instance(instance)
-        # Wherever runs are created (the webserver's "Materialize", the daemon's backfills), a
-        # new run's planned events are stored in one insert.
-        dagster_compat.batch_planned_events(instance)
-        if in_daemon():
+        if not in_daemon():
+            # Wherever runs are created (here the webserver's "Materialize"), a new run's planned
+            # events are stored in one insert.
+            dagster_compat.batch_planned_events(instance)
+        else:
             # The daemon writes each new run's planned events (one per table asset and partition)
             # and polls runs and backfills; dagster-postgres would open a connection for each.
+            # The pool comes with the planned events' batching (pool_storage_connections).
             dagster_compat.pool_storage_connections(instance, max_overflow=DAEMON_POOL_OVERFLOW)
             launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
             if isinstance(launcher, WarmRunLauncher):

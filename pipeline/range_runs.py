@@ -175,10 +175,11 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
         return [run]
     first, *rest = groups
     copies: list[dg.DagsterRun] = []
+    snapshots = dagster_compat.run_snapshots(instance, run)  # for every copy and the re-planning
     try:
         for group_keys in rest:
             tags = {**run.tags, RANGE_START_TAG: group_keys[0], RANGE_END_TAG: group_keys[-1], **inherited}
-            copies.append(dagster_compat.copy_run(instance, workspace, run, tags))
+            copies.append(dagster_compat.copy_run(instance, workspace, run, tags, snapshots=snapshots))
     except (dg.DagsterError, ValueError) as exc:
         for copy in copies:
             instance.delete_run(copy.run_id)
@@ -187,11 +188,11 @@ def cut(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, lan
         return [run]
     instance.add_run_tags(run.run_id, {RANGE_START_TAG: first[0], RANGE_END_TAG: first[-1], **inherited,
                                        COPIES_TAG: json.dumps([c.run_id for c in copies])})
-    _replan_failed(instance, run, skip & set(keys))
+    _replan_failed(instance, run, skip & set(keys), plan=snapshots[0])
     return [instance.get_run_by_id(run.run_id) or run, *copies]
 
 
-def _replan_failed(instance: dg.DagsterInstance, retry: dg.DagsterRun, failed: set[str]) -> None:
+def _replan_failed(instance: dg.DagsterInstance, retry: dg.DagsterRun, failed: set[str], *, plan: object) -> None:
     """The retry planned the partitions its parent failed before they were taken out of it: plan
     them again in the parent, so that the UI shows them failed, not never run, once the retry
     has succeeded (:func:`resources.dagster_compat.replan_in_failed_run`). Only the UI's colour
@@ -200,7 +201,7 @@ def _replan_failed(instance: dg.DagsterInstance, retry: dg.DagsterRun, failed: s
     if not failed or not parent_id:
         return
     try:
-        dagster_compat.replan_in_failed_run(instance, parent_id, retry, sorted(failed))
+        dagster_compat.replan_in_failed_run(instance, parent_id, retry, sorted(failed), plan=plan)
     except Exception as exc:  # noqa: BLE001 - the cut is done; the UI's colour of a failed partition waits
         logging.getLogger(__name__).warning("stormlake: could not plan the failed partitions %s again in run %s"
                                             " (%s: %s)", sorted(failed), parent_id, exc.__class__.__name__, exc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # Dagster is imported inside the functions: ``pipeline.instance`` uses this module on every
 # stormlake command, and commands that never build a Dagster instance (``stormlake env``,
@@ -378,10 +378,18 @@ def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
     return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
 
 
+def run_snapshots(instance: dg.DagsterInstance, run: dg.DagsterRun) -> tuple[Any, Any]:
+    """The run's stored execution plan and job snapshots (None where it has none), read once for
+    everything made from one run (:func:`copy_run`, :func:`replan_in_failed_run`)."""
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
+    job = instance.get_job_snapshot(run.job_snapshot_id) if run.job_snapshot_id else None
+    return plan, job
+
+
 def replan_in_failed_run(instance: dg.DagsterInstance, failed_run_id: str, retry: dg.DagsterRun,
-                         keys: Iterable[str]) -> int:
+                         keys: Iterable[str], *, plan: Any = None) -> int:
     """Plan ``keys`` again in the run that failed them, for every asset ``retry`` plans; how many
-    planned events that wrote.
+    planned events that wrote. ``plan``: the retry's execution plan snapshot, when already read.
 
     Dagster's UI tells a partition's status by its latest planned materialization: failed when
     that run failed, in progress while it runs, nothing once it succeeded without materializing
@@ -391,34 +399,36 @@ def replan_in_failed_run(instance: dg.DagsterInstance, failed_run_id: str, retry
     run. Written again in the failed run (the run that did plan them and failed them), its plan
     is the latest and they read as failed, as they are in the ledger. The events are Dagster's
     own planned materializations, one per asset and partition, built as Dagster builds them
-    (``DagsterEvent.build_asset_materialization_planned_event``, not exported).
+    (``DagsterEvent.build_asset_materialization_planned_event``, not exported), and handed over
+    as one batch, as Dagster hands over a new run's (stored by :func:`batch_planned_events`).
     """
-    from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+    from dagster._core.events import (
+        AssetMaterializationPlannedData,
+        DagsterEvent,
+        DagsterEventBatchMetadata,
+        generate_event_batch_id,
+    )
 
-    plan = instance.get_execution_plan_snapshot(retry.execution_plan_snapshot_id) \
-        if retry.execution_plan_snapshot_id else None
+    plan = plan if plan is not None else run_snapshots(instance, retry)[0]
     if plan is None:
         return 0
-    keys = list(keys)
-    count = 0
-    for step in plan.steps:
-        if step.key not in plan.step_keys_to_execute:
-            continue
-        for output in step.outputs:
-            asset_key = output.properties.asset_key if output.properties else None
-            if asset_key is None:
-                continue
-            for key in keys:
-                event = DagsterEvent.build_asset_materialization_planned_event(
-                    retry.job_name, step.key, AssetMaterializationPlannedData(asset_key, partition=key))
-                instance.report_dagster_event(event, failed_run_id)
-                count += 1
-    return count
+    events = [DagsterEvent.build_asset_materialization_planned_event(
+                  retry.job_name, step.key, AssetMaterializationPlannedData(output.properties.asset_key, partition=key))
+              for step in plan.steps if step.key in plan.step_keys_to_execute
+              for output in step.outputs if output.properties and output.properties.asset_key
+              for key in keys]
+    batch = generate_event_batch_id()
+    for i, event in enumerate(events):
+        instance.report_dagster_event(event, failed_run_id,
+                                      batch_metadata=DagsterEventBatchMetadata(batch, i == len(events) - 1))
+    return len(events)
 
 
-def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, tags: dict[str, str]) -> dg.DagsterRun:
+def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, tags: dict[str, str], *,
+             snapshots: tuple[Any, Any] | None = None) -> dg.DagsterRun:
     """A new run (NOT_STARTED) like ``run``, with ``tags``: same job, selection, steps, snapshots,
-    origins, parent and root run, run config.
+    origins, parent and root run, run config. ``snapshots``: :func:`run_snapshots` of ``run``,
+    when already read.
 
     stormlake's run coordinator cuts a queued key range run into several (``pipeline.range_runs``)
     when it reaches the queue: Dagster's public ways to make a run (a ``RunRequest``, a
@@ -433,8 +443,7 @@ def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun
     """
     import dagster as dg
 
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
-    job = instance.get_job_snapshot(run.job_snapshot_id) if run.job_snapshot_id else None
+    plan, job = snapshots if snapshots is not None else run_snapshots(instance, run)
     return instance.create_run(
         job_name=run.job_name,
         run_id=None,

@@ -59,14 +59,18 @@ def _with_partition(df: pd.DataFrame, region: Region, day: str, names: list[str]
     return pd.DataFrame({c: const[c] if c in const else df[c].array for c in names})
 
 
+def _with_cell(enriched: pd.DataFrame) -> pd.DataFrame:
+    """The outages that have a cell: a row without one is in no group (as a group-by drops it)."""
+    return enriched[enriched["cell_id"].notna()] if enriched["cell_id"].hasnans else enriched
+
+
 def cell_hour_stats(enriched: pd.DataFrame, region: Region, day: str) -> pd.DataFrame:
     """Per (cell, hour) with outages: counts, customers, max gust and max rain (one station value per hour).
 
     Grouped over factorized keys with NumPy's unbuffered reductions (a pandas group-by with five
     named aggregations costs several times as much at 500 rows, and more at 200,000).
     """
-    if len(enriched) and enriched["cell_id"].hasnans:
-        enriched = enriched[enriched["cell_id"].notna()]
+    enriched = _with_cell(enriched)
     if len(enriched) == 0:
         return empty_frame(CELL_HOUR_STATS)
     cell_code, cells = pd.factorize(enriched["cell_id"], sort=True)
@@ -247,7 +251,7 @@ def _cell_counts(enriched: pd.DataFrame, customers: pd.DataFrame,
     """Per cell of ``cells`` (sorted, holding every cell of ``enriched``): outages, customers out,
     and the cell's customers (the reference's, else the largest the outages carry, else 0)."""
     n = len(cells)
-    enriched = enriched[enriched["cell_id"].notna()] if enriched["cell_id"].hasnans else enriched
+    enriched = _with_cell(enriched)
     cell_code, seen = pd.factorize(enriched["cell_id"], sort=True)
     at = np.searchsorted(cells, np.asarray(seen, dtype=object))[cell_code] if len(enriched) else np.zeros(0, np.int64)
     outages = np.bincount(at, minlength=n).astype(np.int64)
