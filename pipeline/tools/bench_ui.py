@@ -3,13 +3,17 @@
 On ``--partitions`` partitions (default 20) of ``--rows-per-partition`` outage rows (default
 500), generated once into ``$STORMLAKE_HOME/bench/ui/landing``, each turn times:
 
-- **cli**: ``stormlake backfill`` of the partitions, a whole process on a fresh home and fresh
-  databases;
-- **ui**: on another fresh home, ``stormlake ui`` (webserver and daemon) is started and, once it
-  answers, the backfill is launched through GraphQL ``launchPartitionBackfill`` (what the UI's
-  "Materialize" of a partition range sends) for every table asset; the time runs from the
-  launch until every partition is published in the ledger (tier 4). Starting the UI is not
-  timed.
+- **cli**: ``stormlake backfill`` of the partitions, a whole process on a new home and new
+  databases, prepared before the clock starts as a deployment in use is
+  (:func:`pipeline.tools.bench_workers.prepare_home`: Dagster's storage and the ledger's tables);
+- **ui**: on another new home, ``stormlake ui`` (webserver and daemon) is started, which
+  prepares the deployment alike, and once it answers, the backfill is launched through GraphQL
+  ``launchPartitionBackfill`` (what the UI's "Materialize" of a partition range sends) for
+  every table asset; the time runs from the launch until every partition is published in the
+  ledger (tier 4). Starting the UI is not timed.
+
+Neither side counts the deployment's one-time creation; the CLI's side counts its process's
+start (imports, the code location), which a person running ``stormlake backfill`` waits for.
 
 A turn's ratio is its ui over its cli; the median of the turns counts, against
 :data:`TARGET_RATIO`.
@@ -34,7 +38,7 @@ from typing import Any
 
 from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
 from pipeline.tools.bench_scale import _cli
-from pipeline.tools.bench_workers import take_turns
+from pipeline.tools.bench_workers import prepare_home, take_turns
 
 TARGET_RATIO = 1.5
 DEFAULTS = {"partitions": 20, "rows_per_partition": 500}
@@ -132,8 +136,10 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
 
 def _cli_backfill(root: Path, name: str, landing: Path, dbs: Databases) -> float:
     ledger_dsn, _ = dbs.create()
-    wall = _cli(_child_env(root / name, landing, ledger_dsn), "backfill")
-    _say(f"{name}: {wall:.1f}s")
+    env = _child_env(root / name, landing, ledger_dsn)
+    prepared = prepare_home(env)
+    wall = _cli(env, "backfill")
+    _say(f"{name}: {wall:.1f}s (its home prepared before, in {prepared:.1f}s)")
     return wall
 
 
