@@ -50,9 +50,9 @@ def _generate(root: Path, settings, partitions: int, rows: int, seed: int) -> tu
 
 def prepare_home(env: dict[str, str]) -> float:
     """Make the deployment of ``env`` as a backfill finds it in use, before a clock starts:
-    ``stormlake env`` creates Dagster's storage (and writes ``dagster.yaml``), ``stormlake
-    status`` migrates the ledger's tables. Nothing is run. Its wall seconds."""
-    return _cli(env, "env") + _cli(env, "status")
+    ``stormlake env`` writes ``dagster.yaml`` and creates Dagster's storage (the ledger's tables
+    were migrated with its database, :meth:`Databases.create`). Nothing is run. Its wall seconds."""
+    return _cli(env, "env")
 
 
 def _backfill(root: Path, name: str, landing: Path, dbs: Databases, workers: int) -> float:

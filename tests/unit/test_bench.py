@@ -139,3 +139,23 @@ def test_bench_all_lists_every_figure_against_its_target() -> None:
     assert rows["bare seconds per partition (40 x 500)"]["value"] == "0.250 s"
     table = year.render(list(rows.values()))
     assert table.count("\n") == len(rows) + 1 and "workers speedup (16 x 20,000)" in table
+
+
+def test_a_prepared_home_has_dagster_s_storage_and_no_run(pg_admin_dsn: str, tmp_path: Path) -> None:
+    """What the workers' and UI benches time against: a deployment in use, nothing run yet."""
+    from pipeline.tools.bench import Databases, _child_env
+    from pipeline.tools.bench_workers import prepare_home
+
+    dbs = Databases(pg_admin_dsn, tmp_path / "pgdata")
+    try:
+        ledger_dsn, dagster_dsn = dbs.create()
+        seconds = prepare_home(_child_env(tmp_path / "home", tmp_path / "landing", ledger_dsn))
+        assert seconds > 0
+        with psycopg.connect(dagster_dsn) as conn:
+            tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            assert {"runs", "event_logs", "asset_keys"} <= tables
+            assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        with psycopg.connect(ledger_dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM checkpoints").fetchone() == (0,)
+    finally:
+        dbs.drop_all()
