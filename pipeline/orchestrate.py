@@ -575,8 +575,11 @@ def _die_with_parent() -> None:
 def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]] | None:
     """The core each of ``workers`` processes keeps to, or None to let them all run anywhere.
 
-    Each process gets a core of its own when this process may use at least as many cores
-    (``allowed``: by default its own CPU affinity, Linux only), else none is pinned.
+    Each process gets a core of its own when the workers fill every core this process may use
+    (``allowed``: by default its own CPU affinity, Linux only), as the default of one worker a
+    core does; else none is pinned. Fewer workers than cores run free: another program, or a
+    second backfill, pinned the same way, would otherwise share their first cores while the
+    others idle.
     A worker running free moves between cores, and so do its helper threads (the lake's
     writers, Arrow's and delta-rs's pools): two workers left to the scheduler did the same
     phase work with 20-45 % more CPU time than one process alone, each pinned to its core
@@ -585,16 +588,16 @@ def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]
     PostgreSQL's processes are not pinned and take whichever core is free.
 
     Example:
-        >>> worker_cores(2, {0, 1, 2, 3})
+        >>> worker_cores(2, {0, 1})
         [{0}, {1}]
-        >>> worker_cores(3, {0, 1}) is None
+        >>> worker_cores(2, {0, 1, 2, 3}) is None
         True
     """
     if allowed is None:
         if not hasattr(os, "sched_getaffinity"):
             return None
         allowed = os.sched_getaffinity(0)
-    if workers <= 1 or len(allowed) < workers:
+    if workers <= 1 or len(allowed) != workers:
         return None
     return [{core} for core in sorted(allowed)[:workers]]
 
@@ -669,8 +672,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     This process is one of them: it takes blocks from the same queue as the ``workers - 1``
     processes it starts (:func:`_worker_context`). A thread of this process reports what the
     others finish. Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps
-    every phase exactly-once whichever process runs it. Where there are cores enough, each
-    process keeps to one of its own (:func:`worker_cores`). Once PostgreSQL is gone, no further
+    every phase exactly-once whichever process runs it. When the processes fill every core,
+    each keeps to one of its own (:func:`worker_cores`). Once PostgreSQL is gone, no further
     block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
     """
     import threading

@@ -152,10 +152,11 @@ def test_small_partitions_are_still_shared_among_the_workers() -> None:
         keys(1) + ["2026-09-02|gulf_coast"]]
 
 
-def test_each_worker_gets_a_core_of_its_own_when_there_are_enough() -> None:
+def test_each_worker_gets_a_core_of_its_own_when_they_fill_the_machine() -> None:
     assert worker_cores(2, {0, 1}) == [{0}, {1}]
-    assert worker_cores(2, {3, 5, 7}) == [{3}, {5}]  # the cores this process may use, in order
+    assert worker_cores(3, {3, 5, 7}) == [{3}, {5}, {7}]  # the cores this process may use
     assert worker_cores(3, {0, 1}) is None  # more workers than cores: the scheduler shares them
+    assert worker_cores(2, {0, 1, 2, 3}) is None  # fewer: free, so two such backfills do not share cores 0 and 1
     assert worker_cores(1, {0, 1}) is None  # one process: free to use every core
 
 
