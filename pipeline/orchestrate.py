@@ -580,12 +580,13 @@ def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]
     core does; else none is pinned. Fewer workers than cores run free: another program, or a
     second backfill, pinned the same way, would otherwise share their first cores while the
     others idle.
+
     A worker running free moves between cores, and so do its helper threads (the lake's
-    writers, Arrow's and delta-rs's pools): two workers left to the scheduler did the same
-    phase work with 20-45 % more CPU time than one process alone, each pinned to its core
-    with about 10 % more (``stormlake backfill --workers 2`` of the bench's 16 partitions of
-    20,000 rows, alternating: 8.77 / 8.93 / 8.34 s pinned against 9.69 / 10.28 / 9.85 s).
-    PostgreSQL's processes are not pinned and take whichever core is free.
+    writers, Arrow's and delta-rs's pools). Two workers left to the scheduler spent 44 % more
+    time in their phase attempts than one process alone on the same partitions; each held to
+    its core, 19 % more (the bench's 16 partitions of 20,000 rows). ``stormlake backfill
+    --workers 2`` of them, alternating: 8.77 / 8.93 / 8.34 s pinned against 9.69 / 10.28 /
+    9.85 s free. PostgreSQL's processes are not pinned and take whichever core is free.
 
     Example:
         >>> worker_cores(2, {0, 1})
