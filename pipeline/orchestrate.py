@@ -600,7 +600,7 @@ def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]
         allowed = os.sched_getaffinity(0)
     if workers <= 1 or len(allowed) != workers:
         return None
-    return [{core} for core in sorted(allowed)[:workers]]
+    return [{core} for core in sorted(allowed)]
 
 
 def _pin(cores: set[int] | None) -> None:

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
-from pipeline.tools.bench_scale import _cli
-from pipeline.tools.bench_workers import prepare_home, take_turns
+from pipeline.tools.bench_workers import take_turns, timed_backfill
 
 TARGET_RATIO = 1.5
 DEFAULTS = {"partitions": 20, "rows_per_partition": 500}
@@ -134,15 +133,6 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
     return wall
 
 
-def _cli_backfill(root: Path, name: str, landing: Path, dbs: Databases) -> float:
-    ledger_dsn, _ = dbs.create()
-    env = _child_env(root / name, landing, ledger_dsn)
-    prepared = prepare_home(env)
-    wall = _cli(env, "backfill")
-    _say(f"{name}: {wall:.1f}s (its home prepared before, in {prepared:.1f}s)")
-    return wall
-
-
 def measure_ui(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
     """The figures of ``stormlake bench --ui`` (see the module docstring)."""
     from pipeline.tools.generate import generate_scenario
@@ -158,7 +148,7 @@ def measure_ui(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Nam
     generate_scenario(landing, regions[:n_regions], days=days, start=settings.first_day,
                       rows_per_partition=args.rows_per_partition, seed=args.seed)
     turns = take_turns(settings, args.repeat, ("cli_s", "ui_s", "ratio"),
-                       lambda dbs, r: _cli_backfill(root, f"cli-{r}", landing, dbs),
+                       lambda dbs, r: timed_backfill(root, f"cli-{r}", landing, dbs),
                        lambda dbs, r: _ui_backfill(root, f"ui-{r}", landing, dbs, keys),
                        ratio=lambda cli, ui: ui / cli)
     ratio = statistics.median(t["ratio"] for t in turns)

@@ -9,8 +9,8 @@ turns counts, against :data:`TARGET_SPEEDUP` on a machine of 2 cores or more.
 
 Each home is a deployment made before the clock starts (:func:`prepare_home`), as a backfill
 finds it in use: Dagster's storage created and the ledger's tables migrated, nothing run. Their
-creation happens once in a deployment's life (1.3-2.8 s of one core here), and counting it in a
-16-partition backfill made it a tenth of one worker's time and an eighth of two workers'.
+creation happens once in a deployment's life (``stormlake env`` takes 2.5-3.6 s here, its process
+start included).
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ def prepare_home(env: dict[str, str]) -> float:
     return _cli(env, "env")
 
 
-def _backfill(root: Path, name: str, landing: Path, dbs: Databases, workers: int) -> float:
-    """One ``stormlake backfill --workers N`` of the landing zone on a new, prepared home
-    (:func:`prepare_home`, not timed); its wall seconds."""
+def timed_backfill(root: Path, name: str, landing: Path, dbs: Databases, *args: str) -> float:
+    """One ``stormlake backfill *args`` of the landing zone on a new home ``root / name`` with new
+    databases, prepared first (:func:`prepare_home`, not timed); its wall seconds."""
     ledger_dsn, _ = dbs.create()
     env = _child_env(root / name, landing, ledger_dsn)
     prepared = prepare_home(env)
-    wall = _cli(env, "backfill", "--workers", str(workers))
+    wall = _cli(env, "backfill", *args)
     _say(f"{name}: {wall:.1f}s (its home prepared before, in {prepared:.1f}s)")
     return wall
 
@@ -93,8 +93,8 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
     root.mkdir(parents=True)
     landing, keys = _generate(root, settings, partitions, rows, args.seed)
     turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"),
-                       lambda dbs, r: _backfill(root, f"one-{r}", landing, dbs, 1),
-                       lambda dbs, r: _backfill(root, f"many-{r}", landing, dbs, workers),
+                       lambda dbs, r: timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1"),
+                       lambda dbs, r: timed_backfill(root, f"many-{r}", landing, dbs, "--workers", str(workers)),
                        ratio=lambda one, many: one / many)
     speedup = statistics.median(t["speedup"] for t in turns)
     result = {"config": {"partitions": len(keys), "rows_per_partition": rows, "workers": workers,
