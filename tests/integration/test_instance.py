@@ -71,3 +71,22 @@ def test_storage_half_made_by_a_killed_process_is_completed(dagster_db: str) -> 
     with psycopg.connect(dagster_db) as conn:
         assert conn.execute("SELECT to_regclass('idx_step_key')").fetchone()[0] is not None
     assert complete_dagster_storage(dagster_db) == []  # whole now: nothing more to make
+
+
+def test_stormlake_workers_sets_the_cli_s_processes_and_the_ui_s_backfill_runs(sl_env: dict[str, str],
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setting for both: the CLI's default `--workers` and the instance's limit on runs of
+    backfills (what a UI backfill runs at once)."""
+    import dagster as dg
+
+    from pipeline.instance import EVENT_BATCH_ENV, prepare_dagster_home
+    from resources.settings import load_settings
+
+    monkeypatch.setenv("STORMLAKE_WORKERS", "3")
+    monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)  # prepare_dagster_home sets it; restored afterwards
+    settings = load_settings()
+    assert settings.workers == 3
+    prepare_dagster_home(settings)
+    with dg.DagsterInstance.get() as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": "dagster/backfill", "limit": 3} in limits
