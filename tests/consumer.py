@@ -168,6 +168,11 @@ class Consumer:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if len(body) < length:
+                    # the client went away mid-body (a killed producer): like any HTTP server, the
+                    # consumer never saw a request, so it neither records nor answers one
+                    self.close_connection = True
+                    return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with consumer._lock:
                     index = len(consumer.posts)
