@@ -16,6 +16,16 @@ Then each view is timed as a person runs it, a whole ``stormlake`` process from 
 counting; plus a rerun of the real partitions on the big ledger (the backfill preflight: every
 phase skips, no run is launched) and one outbox sensor tick over the last 500 events
 (``evaluate_outbox``, in this process, against a Dagster instance in a scratch folder).
+
+**Writes on a lake of a year.** A Delta commit costs more the more files its table holds
+(docs/DESIGN.md, "Limits at a year's scale"), and a year of 50 regions is 18,250 partitions a
+table. Before the ledger is cloned, the real partitions are re-run whole (``stormlake backfill
+--from ingest``: every phase computed, each of its ten tables written) :data:`REPEATS` times on
+their own lake; then every table of the lake gets every other partition of the year's grid (one
+row each, a copy of the table's first row: a write's cost follows the table's files, not its
+rows; one commit a table, an append into partitions nobody else writes, in this scratch lake
+only), and the same re-runs are timed again. The difference, per real partition, is what a
+partition's writes cost more at a year's scale. It has no target; it is printed beside the views.
 """
 
 from __future__ import annotations
@@ -91,6 +101,56 @@ def build_scale_ledger(ledger_dsn: str, region_ids: list[str], first_day: str, r
     return clone_partitions(ledger_dsn, scale_grid(region_ids, first_day, real))
 
 
+def clone_lake(lake: Path, grid: list[tuple[str, str, str, str, str]]) -> dict[str, int]:
+    """Give every table of ``lake`` the partitions of ``grid`` (:func:`scale_grid`), one row each,
+    in one commit a table; the partitions each table holds afterwards, by table.
+
+    The row is a copy of the table's first row under the partition's ``region_id`` and ``day``. A
+    table without rows is left as it is (there is no row to copy).
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from assets.schemas import PARTITION_COLUMNS
+
+    regions = pa.array([g[1] for g in grid], pa.string())
+    days = pa.array([g[2] for g in grid], pa.string())
+    held: dict[str, int] = {}
+    for path in sorted(p for p in lake.iterdir() if (p / "_delta_log").is_dir()):
+        table = DeltaTable(str(path))
+        data = table.to_pyarrow_table()
+        if data.num_rows and grid:
+            copies = data.take(pa.array([0] * len(grid)))
+            for name, values in (("region_id", regions), ("day", days)):
+                i = copies.schema.get_field_index(name)
+                copies = copies.set_column(i, copies.schema.field(i), values.cast(copies.schema.field(i).type))
+            write_deltalake(table, copies, mode="append", partition_by=PARTITION_COLUMNS)
+        held[path.name] = len(table.partitions())
+    return held
+
+
+def time_writes_on_a_year(env: dict[str, str], lake: Path, grid: list[tuple[str, str, str, str, str]],
+                          real: list[str]) -> dict[str, Any]:
+    """The real partitions re-run whole on their own lake, then on the lake cloned to a year
+    (:func:`clone_lake`): the medians of :data:`REPEATS` runs each and what a partition costs more."""
+    def forced_rerun() -> float:
+        return _cli(env, "backfill", "--from", "ingest", "--reason", "bench --scale: writes on a lake of a year")
+
+    _say(f"timing a forced re-run of the {len(real)} real partitions on their own lake ({REPEATS} times)")
+    small, small_samples = _median_of(forced_rerun)
+    _say(f"cloning the lake over {DAYS} days x {REGIONS} regions (one commit a table)")
+    t = time.perf_counter()
+    held = clone_lake(lake, grid)
+    clone_s = time.perf_counter() - t
+    _say(f"lake: {max(held.values(), default=0):,} partitions a table ({clone_s:.1f} s); timing the re-run again")
+    year, year_samples = _median_of(forced_rerun)
+    return {"partitions_a_table": max(held.values(), default=0), "clone_s": round(clone_s, 2),
+            "real_partitions": len(real),
+            "own_lake_s": round(small, 3), "own_lake_samples_s": [round(x, 3) for x in small_samples],
+            "year_lake_s": round(year, 3), "year_lake_samples_s": [round(x, 3) for x in year_samples],
+            "more_a_partition_s": round((year - small) / max(len(real), 1), 3)}
+
+
 def _median_of(fn, repeats: int = REPEATS) -> tuple[float, list[float]]:  # noqa: ANN001
     samples = [fn() for _ in range(repeats)]
     return statistics.median(samples), samples
@@ -160,14 +220,17 @@ def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[st
     start = dt.date.fromisoformat(settings.first_day)
     real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}"
             for d in range(REAL["days"]) for r in regions[:REAL["regions"]]]
+    region_ids = [r.region_id for r in regions]
+    lake = time_writes_on_a_year(env, Path(env["STORMLAKE_LAKE"]),
+                                 scale_grid(region_ids, settings.first_day, real), real)
     _say(f"cloning them over {DAYS} days x {REGIONS} regions")
     t = time.perf_counter()
-    counts = build_scale_ledger(ledger_dsn, [r.region_id for r in regions], settings.first_day, real)
+    counts = build_scale_ledger(ledger_dsn, region_ids, settings.first_day, real)
     build_s = time.perf_counter() - t
     _say(f"ledger: {counts['partitions']} partitions, {counts['checkpoints']} checkpoints, "
          f"{counts['checkpoint_events']} events, {counts['receipts']} receipts ({build_s:.1f} s)")
     config = {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
-              "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2), "env": env}
+              "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2), "env": env, "lake": lake}
     return config, counts
 
 
@@ -187,7 +250,7 @@ def measure_scale(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.
         figures = time_views(config.pop("env"), root, ledger_dsn)
     finally:
         dbs.drop_all()
-    result = {"config": config, "ledger": counts, "views": figures}
+    result = {"config": config, "ledger": counts, "views": figures, "lake": config.pop("lake")}
     return result
 
 
@@ -207,5 +270,11 @@ def render_scale(result: dict[str, Any]) -> str:
         extra = f"  ({f['bytes'] / 1e6:.1f} MB)" if "bytes" in f else ""
         lines.append(f"{name:<14} {f['median_s']:>7.3f}s  {f['target_s']:>6.1f}s  {'yes' if f['met'] else 'NO ':<3}  "
                      + ", ".join(f"{s:.3f}" for s in f["samples_s"]) + extra)
+    lake = result.get("lake")
+    if lake:
+        lines.append(f"writes on a lake of a year (no target): a forced re-run of the {lake['real_partitions']} real "
+                     f"partitions took {lake['own_lake_s']:.2f} s on their own lake and {lake['year_lake_s']:.2f} s "
+                     f"with {lake['partitions_a_table']:,} partitions a table: "
+                     f"{lake['more_a_partition_s']:+.3f} s a partition")
     return "\n".join(lines)
 

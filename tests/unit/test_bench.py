@@ -85,6 +85,37 @@ def test_the_scale_grid_is_a_year_of_fifty_regions_around_the_real_partitions() 
     assert grid[-1][2] == "2027-08-31"
 
 
+def test_a_lake_cloned_to_a_year_holds_every_partition_once_and_its_real_rows_unchanged(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from pipeline.tools.bench_scale import clone_lake, scale_grid
+
+    real = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
+    rows = pa.table({"region_id": ["gulf_coast", "gulf_coast", "pine_belt"], "day": ["2026-09-01"] * 3,
+                     "event_id": ["a", "b", "c"], "customers_out": pa.array([5, 7, 9], pa.int64())})
+    write_deltalake(str(tmp_path / "outages_raw"), rows, partition_by=["region_id", "day"])
+    write_deltalake(str(tmp_path / "quarantine"), rows.slice(0, 0), partition_by=["region_id", "day"])
+    (tmp_path / "not_a_table").mkdir()
+    grid = scale_grid(["gulf_coast", "pine_belt", "red_hills"], "2026-09-01", real)[:120]
+
+    held = clone_lake(tmp_path, grid)
+
+    assert held == {"outages_raw": 2 + 120, "quarantine": 0}  # a table without rows is left as it is
+    table = DeltaTable(str(tmp_path / "outages_raw"))
+    assert table.version() == 1  # one commit for the whole grid
+    data = table.to_pyarrow_table().to_pylist()
+    by_key: dict[str, list[dict]] = {}
+    for row in data:
+        by_key.setdefault(f"{row['day']}|{row['region_id']}", []).append(row)
+    assert sorted(r["event_id"] for r in by_key.pop(real[0])) == ["a", "b"]  # the real partitions unchanged
+    assert [r["event_id"] for r in by_key.pop(real[1])] == ["c"]
+    assert set(by_key) == {g[0] for g in grid}  # every cloned partition, one row each
+    assert all(len(v) == 1 for v in by_key.values())
+    copied = {(v[0]["event_id"], v[0]["customers_out"]) for v in by_key.values()}
+    assert len(copied) == 1 and copied <= {("a", 5), ("b", 7), ("c", 9)}  # a copy of one real row
+
+
 def test_the_bare_loop_runs_every_phase_through_its_own_compute(tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
