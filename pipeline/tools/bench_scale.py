@@ -94,13 +94,6 @@ def scale_grid(region_ids: list[str], first_day: str, real: list[str]) -> list[t
     return rows
 
 
-def build_scale_ledger(ledger_dsn: str, region_ids: list[str], first_day: str, real: list[str]) -> dict[str, int]:
-    """Clone the real partitions of the ledger at ``ledger_dsn`` over the year's grid; row counts."""
-    from resources.ledger_fixtures import clone_partitions
-
-    return clone_partitions(ledger_dsn, scale_grid(region_ids, first_day, real))
-
-
 def clone_lake(lake: Path, grid: list[tuple[str, str, str, str, str]]) -> dict[str, int]:
     """Give every table of ``lake`` the partitions of ``grid`` (:func:`scale_grid`), one row each,
     in one commit a table; the partitions each table holds afterwards, by table.
@@ -118,9 +111,9 @@ def clone_lake(lake: Path, grid: list[tuple[str, str, str, str, str]]) -> dict[s
     held: dict[str, int] = {}
     for path in sorted(p for p in lake.iterdir() if (p / "_delta_log").is_dir()):
         table = DeltaTable(str(path))
-        data = table.to_pyarrow_table()
-        if data.num_rows and grid:
-            copies = data.take(pa.array([0] * len(grid)))
+        first = table.to_pyarrow_dataset().head(1)
+        if first.num_rows and grid:
+            copies = first.take(pa.array([0] * len(grid)))
             for name, values in (("region_id", regions), ("day", days)):
                 i = copies.schema.get_field_index(name)
                 copies = copies.set_column(i, copies.schema.field(i), values.cast(copies.schema.field(i).type))
@@ -140,11 +133,11 @@ def time_writes_on_a_year(env: dict[str, str], lake: Path, grid: list[tuple[str,
     small, small_samples = _median_of(forced_rerun)
     _say(f"cloning the lake over {DAYS} days x {REGIONS} regions (one commit a table)")
     t = time.perf_counter()
-    held = clone_lake(lake, grid)
+    most = max(clone_lake(lake, grid).values(), default=0)
     clone_s = time.perf_counter() - t
-    _say(f"lake: {max(held.values(), default=0):,} partitions a table ({clone_s:.1f} s); timing the re-run again")
+    _say(f"lake: {most:,} partitions a table ({clone_s:.1f} s); timing the re-run again")
     year, year_samples = _median_of(forced_rerun)
-    return {"partitions_a_table": max(held.values(), default=0), "clone_s": round(clone_s, 2),
+    return {"partitions_a_table": most, "clone_s": round(clone_s, 2),
             "real_partitions": len(real),
             "own_lake_s": round(small, 3), "own_lake_samples_s": [round(x, 3) for x in small_samples],
             "year_lake_s": round(year, 3), "year_lake_samples_s": [round(x, 3) for x in year_samples],
@@ -203,42 +196,47 @@ def time_views(env: dict[str, str], root: Path, ledger_dsn: str) -> dict[str, di
     return figures
 
 
-def build_with_real_runs(root: Path, ledger_dsn: str, settings) -> tuple[dict[str, Any], dict[str, int]]:  # noqa: ANN001
-    """The real runs, then the clone: (config figures with the CLI environment under "env", row counts)."""
+def run_real_partitions(root: Path, ledger_dsn: str, settings) -> tuple[dict[str, str], list[str], float]:  # noqa: ANN001
+    """Generate the small scenario and backfill it: (the CLI environment, the real partition
+    keys, the backfill's wall seconds)."""
     from pipeline.tools.bench import _child_env
     from pipeline.tools.generate import generate_scenario
     from resources.settings import load_regions
 
-    regions = load_regions(settings.regions_file)
+    regions = load_regions(settings.regions_file)[:REAL["regions"]]
     landing = root / "landing"
     _say(f"generating {REAL['regions']} regions x {REAL['days']} days x {REAL['rows_per_partition']} rows")
-    generate_scenario(landing, regions[:REAL["regions"]], days=REAL["days"], start=settings.first_day,
+    generate_scenario(landing, regions, days=REAL["days"], start=settings.first_day,
                       rows_per_partition=REAL["rows_per_partition"], seed=REAL["seed"])
     env = _child_env(root / "home", landing, ledger_dsn)
     _say(f"real runs: stormlake backfill of the {REAL['regions'] * REAL['days']} partitions")
     first_run = _cli(env, "backfill")
     start = dt.date.fromisoformat(settings.first_day)
-    real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}"
-            for d in range(REAL["days"]) for r in regions[:REAL["regions"]]]
-    region_ids = [r.region_id for r in regions]
-    lake = time_writes_on_a_year(env, Path(env["STORMLAKE_LAKE"]),
-                                 scale_grid(region_ids, settings.first_day, real), real)
+    real = [f"{(start + dt.timedelta(days=d)).isoformat()}|{r.region_id}" for d in range(REAL["days"]) for r in regions]
+    return env, real, first_run
+
+
+def clone_ledger(ledger_dsn: str, grid: list[tuple[str, str, str, str, str]]) -> tuple[dict[str, int], float]:
+    """Clone the real partitions of the ledger over ``grid`` (:func:`scale_grid`): the row
+    counts and the seconds it took."""
+    from resources.ledger_fixtures import clone_partitions
+
     _say(f"cloning them over {DAYS} days x {REGIONS} regions")
     t = time.perf_counter()
-    counts = build_scale_ledger(ledger_dsn, region_ids, settings.first_day, real)
+    counts = clone_partitions(ledger_dsn, grid)
     build_s = time.perf_counter() - t
     _say(f"ledger: {counts['partitions']} partitions, {counts['checkpoints']} checkpoints, "
          f"{counts['checkpoint_events']} events, {counts['receipts']} receipts ({build_s:.1f} s)")
-    config = {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
-              "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2), "env": env, "lake": lake}
-    return config, counts
+    return counts, build_s
 
 
 def measure_scale(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
-    """The figures of ``stormlake bench --scale`` (see the module docstring)."""
+    """The figures of ``stormlake bench --scale`` (see the module docstring): the real runs, the
+    writes on their own lake and on a lake of a year, the ledger cloned, then the views."""
     import shutil
 
     from pipeline.tools.bench import Databases
+    from resources.settings import load_regions
 
     root = settings.home / "bench" / "scale"
     shutil.rmtree(root, ignore_errors=True)
@@ -246,12 +244,16 @@ def measure_scale(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.
     dbs = Databases(settings.pg_dsn, settings.pgdata)
     try:
         ledger_dsn, _ = dbs.create()
-        config, counts = build_with_real_runs(root, ledger_dsn, settings)
-        figures = time_views(config.pop("env"), root, ledger_dsn)
+        env, real, first_run = run_real_partitions(root, ledger_dsn, settings)
+        grid = scale_grid([r.region_id for r in load_regions(settings.regions_file)], settings.first_day, real)
+        lake = time_writes_on_a_year(env, Path(env["STORMLAKE_LAKE"]), grid, real)
+        counts, build_s = clone_ledger(ledger_dsn, grid)
+        figures = time_views(env, root, ledger_dsn)
     finally:
         dbs.drop_all()
-    result = {"config": config, "ledger": counts, "views": figures, "lake": config.pop("lake")}
-    return result
+    config = {"days": DAYS, "regions": REGIONS, "real_partitions": len(real), "repeat": REPEATS,
+              "first_backfill_s": round(first_run, 2), "build_s": round(build_s, 2)}
+    return {"config": config, "ledger": counts, "views": figures, "lake": lake}
 
 
 def run_scale_bench(args, settings) -> int:  # noqa: ANN001  (argparse.Namespace, resources.settings.Settings)
