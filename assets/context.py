@@ -159,7 +159,7 @@ class PhaseContext(PhaseInputs):
         must be idempotent (a Delta write is: its app transaction finds the earlier commit). One
         call runs on the calling thread."""
         assert self.claim is not None
-        keys = [f"{kind}:{name}:{hash_json(input)[:16]}" for name, input, _fn in calls]
+        keys = [call_key(kind, name, input) for name, input, _fn in calls]
         todo = [i for i, key in enumerate(keys) if key not in self.claim.recorded]
         made = dict(zip(todo, at_once([calls[i][2] for i in todo]), strict=True))
         outputs: list[dict[str, Any]] = []
@@ -175,6 +175,11 @@ class PhaseContext(PhaseInputs):
             faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
             outputs.append(output)
         return outputs
+
+
+def call_key(kind: str, name: str, input: dict[str, Any]) -> str:
+    """The key a recorded outside call is found by (:meth:`PhaseContext.call_all`)."""
+    return f"{kind}:{name}:{hash_json(input)[:16]}"
 
 
 Compute = Callable[[PhaseContext], PhaseOutput]

@@ -287,10 +287,11 @@ def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase,
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,
               **resources: Any) -> tuple[PhaseRunner | None, list[Outcome], list[tuple[str, StormlakeError]]]:
-    """Run the phase for the step's partitions, in order, reading each next one ahead.
+    """Run the phase for the step's partitions, in order (:meth:`PhaseRunner.run_range`: each
+    next one read ahead, the tables of small ones written together).
 
-    A transient error (the ledger unreachable) fails the step at once, for Dagster's retry; any
-    other error of one partition of a range is kept, and the other partitions go on.
+    A transient error (the ledger unreachable) fails the step, for Dagster's retry; any other
+    error of one partition of a range is kept, and the other partitions go on.
     """
     keys = context.partition_keys
     outcomes: list[Outcome] = []
@@ -298,20 +299,19 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     runner: PhaseRunner | None = None
     # A key range's outcome lines go to the run's log together, as one event at the step's end
     # (its materializations come then too): each log line is a row Dagster writes on its own, and
-    # one a phase and partition was about a tenth of Dagster's cost of a small partition.
+    # one per partition and phase was about a tenth of Dagster's cost of a small partition.
     lines: list[str] = []
     try:
         runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)
         parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
-        for i, (key, part) in enumerate(zip(keys, parts, strict=True)):
-            if i + 1 < len(parts):
-                runner.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
-            try:
-                outcomes.append(runner.run(phase, part, compute, grader))
-            except StormlakeError as exc:
-                if exc.transient or len(keys) == 1:
-                    raise
-                failures.append((key, exc))  # a range run: the other partitions go on
+        results = runner.run_range(phase, parts, compute, grader)
+        for (_, result), key in zip(results, keys, strict=False):
+            if isinstance(result, Outcome):
+                outcomes.append(result)
+            elif result.transient or len(keys) == 1:
+                raise result
+            else:
+                failures.append((key, result))  # a range run: the other partitions went on
     except StormlakeError as exc:
         if exc.transient:
             raise

@@ -81,6 +81,46 @@ def test_a_repeated_attempt_of_the_same_checkpoint_is_recognised(lk: Lake) -> No
     assert latest_version(lk, "weather_raw") == first.version
 
 
+def test_several_partitions_are_replaced_in_one_commit_each_recognised_on_its_own(lk: Lake) -> None:
+    from resources.lake import PartitionWrite, _read_commit, app_id
+
+    days = ("2026-09-01", "2026-09-02", "2026-09-03")
+    lk.overwrite_partition("weather_raw", "pine_belt", "2026-09-01", _rows("pine_belt", "2026-09-01", 7, 1.0),
+                           seq=1, first_seq=1)
+    old = [PartitionWrite("gulf_coast", d, _rows("gulf_coast", d, 5 + i, 2.0), 10 + i, 10 + i) for i, d in enumerate(days)]
+    first = lk.overwrite_partitions("weather_raw", old)
+    assert len({r.version for r in first}) == 1 and all(r.written for r in first)
+    assert [r.rows for r in first] == [5, 6, 7]
+    commit = _read_commit(lk.uri("weather_raw"), first[0].version)
+    assert commit is not None and all(commit.made_by(app_id("weather_raw", "gulf_coast", d), 10 + i)
+                                      for i, d in enumerate(days))
+    assert not commit.made_by(app_id("weather_raw", "gulf_coast", days[0]), 11)
+    for w, r in zip(old, first, strict=True):  # each partition's own files, read as deltalake reads it
+        assert r.files and all(f.startswith(f"region_id=gulf_coast/day={w.day}/") for f in r.files)
+        lk.cache.clear()
+        got = lk.read_partition("weather_raw", "gulf_coast", w.day, version=r.version, files=r.files)
+        assert got.equals(_scan(lk, r.version, "gulf_coast", w.day)) and got.num_rows == w.data.num_rows
+    # Written again (new checkpoints: new rows): each partition is replaced, never appended to,
+    # and the partition the write does not name keeps its rows.
+    new = [PartitionWrite("gulf_coast", d, _rows("gulf_coast", d, 2, 9.0), 20 + i, 20 + i) for i, d in enumerate(days)]
+    second = lk.overwrite_partitions("weather_raw", new)
+    version = second[0].version
+    assert version == first[0].version + 1
+    for d in days:
+        assert _scan(lk, version, "gulf_coast", d).column("wind_gust_ms").to_pylist() == [9.0, 10.0]
+    assert _scan(lk, version, "pine_belt", "2026-09-01").num_rows == 7
+    # Later attempts of the same checkpoints: the one partition whose commit is there is
+    # recognised, the others are written, in a commit of their own.
+    again = lk.overwrite_partitions("weather_raw", [
+        PartitionWrite("gulf_coast", days[0], new[0].data, 31, 20),
+        PartitionWrite("gulf_coast", "2026-09-04", _rows("gulf_coast", "2026-09-04", 3, 1.0), 32, 32),
+    ])
+    assert not again[0].written and again[0].version == version and again[0].files == second[0].files
+    assert again[1].written and again[1].version == version + 1
+    with pytest.raises(LakeError, match="named twice"):
+        lk.overwrite_partitions("weather_raw", [new[0], new[0]])
+
+
 def test_the_process_cache_keeps_a_partition_until_its_last_reader(lk: Lake) -> None:
     data = _rows("gulf_coast", "2026-09-01", 10, 5.0)
     kept = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", data, seq=1, first_seq=1)
@@ -285,29 +325,36 @@ def test_at_once_keeps_the_order_and_hands_back_each_failure() -> None:
     assert len(seen) == 3
 
 
-def _write_days(root: str, region: str, days: int, first_seq: int, out) -> None:  # noqa: ANN001 - a Queue
-    """One writer process: ``days`` partitions of ``region``, each partition's five tables at once."""
-    from resources.lake import at_once
+def _write_days(root: str, region: str, days: int, first_seq: int, out, batch: int = 1) -> None:  # noqa: ANN001 - a Queue
+    """One writer process: ``days`` partitions of ``region``, each partition's five tables at once;
+    ``batch`` partitions a write (:meth:`Lake.overwrite_partitions`) when more than one."""
+    from resources.lake import PartitionWrite, at_once
 
     lk = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
     tables = ["weather_raw", "outages_raw", "customers_ref", "terrain_ref", "quarantine"]
     results = []
-    for i in range(days):
-        day = f"2026-09-{i + 1:02d}"
-        seq = first_seq + 2 * i
-        data = {t: _rows(region, day, 3, float(i)) if t == "weather_raw" else SCHEMAS[t].empty_table() for t in tables}
-        writes = [partial(lk.overwrite_partition, t, region, day, data[t], seq=seq, first_seq=seq, keep=False)
+    for start in range(0, days, batch):
+        group = [(f"2026-09-{i + 1:02d}", first_seq + 2 * i, i) for i in range(start, min(days, start + batch))]
+
+        def rows(t: str, day: str, i: int) -> pa.Table:
+            return _rows(region, day, 3, float(i)) if t == "weather_raw" else SCHEMAS[t].empty_table()
+
+        writes = [partial(lk.overwrite_partitions, t, [PartitionWrite(region, day, rows(t, day, i), seq, seq)
+                                                      for day, seq, i in group], keep=False)
                   for t in tables]
         for table, res in zip(tables, at_once(writes), strict=True):
             if isinstance(res, BaseException):
                 raise res
-            results.append((table, region, day, seq, res.version, res.files))
+            results.extend((table, region, day, seq, r.version, r.files) for (day, seq, _), r in zip(group, res, strict=True))
     out.put(results)
 
 
-def test_two_processes_writing_the_same_tables_each_get_their_own_commits_version_and_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [1, 4])
+def test_two_processes_writing_the_same_tables_each_get_their_own_commits_version_and_files(tmp_path: Path,
+                                                                                           batch: int) -> None:
     """Each write's version is the commit that carries its app transaction, and its files are that
-    partition's, while another process commits to the same tables between and during its writes."""
+    partition's, while another process commits to the same tables between and during its writes;
+    also when each commit writes four partitions at once."""
     import multiprocessing
 
     from resources.lake import _read_commit, app_id
@@ -315,7 +362,7 @@ def test_two_processes_writing_the_same_tables_each_get_their_own_commits_versio
     root = str(tmp_path / "lake")
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_write_days, args=(root, region, 28, n, out))
+    procs = [ctx.Process(target=_write_days, args=(root, region, 28, n, out, batch))
              for n, region in enumerate(("gulf_coast", "pine_belt"), 1)]
     for p in procs:
         p.start()
@@ -329,3 +376,7 @@ def test_two_processes_writing_the_same_tables_each_get_their_own_commits_versio
         assert commit is not None and commit.made_by(app_id(table, region, day), seq), (table, region, day, version)
         if table == "weather_raw":
             assert files and all(f.startswith(f"region_id={region}/day={day}/") for f in files), files
+    if batch > 1:  # four partitions a commit: every table ends with each partition's rows once
+        lk = Lake(root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+        assert lk.table("weather_raw").to_pyarrow_dataset().count_rows() == 2 * 28 * 3
+        assert len({v for t, *_, v, _f in results if t == "weather_raw"}) == 2 * 28 // batch

@@ -1,0 +1,166 @@
+"""A range step's small partitions: their tables written together, each partition still on its own.
+
+Real Delta tables, the real ledger, the phases' real compute; the runner driven directly, as a
+range step drives it (``assets.materialize._run_step``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.dataset as pads
+import pytest
+
+from assets import enrich, ingest
+from assets.context import PartitionRef, pinned_files
+from assets.materialize import build_runner
+from assets.phases import ENRICH, INGEST
+from assets.runner import Outcome, PhaseRunner
+from resources.errors import InjectedFault
+from resources.ledger import Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+
+
+@pytest.fixture
+def runner(sl_env: dict[str, str]) -> Iterator[PhaseRunner]:
+    from pipeline.definitions import build_resources
+
+    with dg.build_resources(dict(build_resources())) as res:
+        yield build_runner(None, ledger=res.ledger, lake=res.lake, landing=res.landing, publisher=res.publisher)
+
+
+def _parts(runner: PhaseRunner) -> list[PartitionRef]:
+    return [PartitionRef.parse(k, runner.regions) for k in KEYS]
+
+
+def _commits(runner: PhaseRunner, table: str) -> int:
+    """The table's commits that wrote partitions (its creation left out)."""
+    return runner.lake.table(table).version()
+
+
+def _assert_each_partition_holds_what_it_computed(runner: PhaseRunner, outcomes: list[Outcome]) -> None:
+    """Every partition's rows in each table, read from the files its checkpoint pinned, are the
+    rows Delta itself reads for the partition at that version, as many as it recorded: the write
+    together put each partition's own rows under its name."""
+    for o in outcomes:
+        part = PartitionRef.parse(o.partition_key, runner.regions)
+        summary = o.checkpoint.summary or {}
+        for table, version in summary["delta_versions"].items():
+            runner.lake.cache.clear()
+            files = pinned_files(summary, table, part)
+            got = runner.lake.read_partition(table, part.region.region_id, part.day, version=version, files=files)
+            flt = (pads.field("region_id") == part.region.region_id) & (pads.field("day") == part.day)
+            scan = runner.lake.table(table, version).to_pyarrow_dataset().to_table(filter=flt)
+            assert got.num_rows == scan.num_rows == summary["rows"][table], (o.partition_key, table)
+            assert got.sort_by("source_line" if "source_line" in got.column_names else got.column_names[0]).equals(
+                scan.cast(got.schema).sort_by("source_line" if "source_line" in got.column_names
+                                              else got.column_names[0])), (o.partition_key, table)
+
+
+def test_a_range_writes_each_table_once_and_every_partition_gets_its_own_rows(runner: PhaseRunner) -> None:
+    results = runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
+    assert [k for k, _ in results] == KEYS
+    outcomes = [r for _, r in results]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in outcomes), outcomes
+    for table in INGEST.tables:  # one commit a table for the four partitions
+        assert _commits(runner, table) == 1, table
+        assert {o.checkpoint.summary["delta_versions"][table] for o in outcomes} == {1}
+        assert all(o.checkpoint.summary["delta_written"][table] for o in outcomes)
+    _assert_each_partition_holds_what_it_computed(runner, outcomes)
+    enriched = [r for _, r in runner.run_range(ENRICH, _parts(runner), enrich.compute, enrich.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in enriched), enriched
+    assert _commits(runner, "outages_enriched") == 1
+    _assert_each_partition_holds_what_it_computed(runner, enriched)
+    # Run again: every partition skips, nothing is written.
+    again = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    assert [o.status for o in again] == ["SKIPPED"] * 4
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)
+
+
+def test_a_partition_that_fails_fails_alone_and_the_others_are_written_together(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORMLAKE_FAULTS", f"ingest.mid_transform@{KEYS[1]}=raise")
+    results = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
+    assert isinstance(results[KEYS[1]], InjectedFault)
+    done = [results[k] for k in KEYS if k != KEYS[1]]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in done)
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # the three others in one commit
+    assert ledger.head(KEYS[1], "ingest").status == "FAILED"
+    monkeypatch.delenv("STORMLAKE_FAULTS")
+    retried = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
+    assert [retried[k].status for k in KEYS] == ["COMPLETED" if k == KEYS[1] else "SKIPPED" for k in KEYS]
+    assert all(_commits(runner, t) == 2 for t in INGEST.tables)
+
+
+_CRASH = """
+import dagster as dg
+from assets import ingest
+from assets.context import PartitionRef
+from assets.materialize import build_runner
+from assets.phases import INGEST
+from pipeline.definitions import build_resources
+with dg.build_resources(dict(build_resources())) as res:
+    r = build_runner(None, ledger=res.ledger, lake=res.lake, landing=res.landing, publisher=res.publisher)
+    r.run_range(INGEST, [PartitionRef.parse(k, r.regions) for k in {keys!r}], ingest.compute, ingest.grade)
+"""
+
+
+def test_a_process_killed_after_the_write_together_is_resumed_without_writing_again(
+        runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str]) -> None:
+    """Killed once the first partition's writes are recorded: the three others' rows are in the
+    tables, unrecorded. The next run recognises every partition's commit by its app transaction."""
+    env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.after_call@{KEYS[0]}=exit"}
+    proc = subprocess.run([sys.executable, "-c", _CRASH.format(keys=KEYS)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)
+    assert {ledger.head(k, "ingest").status for k in KEYS} == {"PENDING"}
+    results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # nothing written twice
+    for o in results:
+        assert o.checkpoint.attempt == 2
+        assert not any(o.checkpoint.summary["delta_written"].values()), o.partition_key
+    _assert_each_partition_holds_what_it_computed(runner, results)
+
+
+def test_a_lease_held_elsewhere_is_waited_for_only_after_the_partitions_held_are_finished(
+        runner: PhaseRunner, ledger: Ledger, pg_dsn: str) -> None:
+    """Another run holds the third partition's lease until it sees the first two COMPLETED: a
+    runner that waited for it while holding theirs (uncommitted) would wait for ever."""
+    other = Ledger(pg_dsn)
+    held, seen = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other.lease(KEYS[2], "ingest", timeout_s=60):
+            held.set()
+            while not (seen.is_set() or done.is_set()):
+                heads = [ledger.head(k, "ingest") for k in KEYS[:2]]
+                if all(h is not None and h.status == "COMPLETED" for h in heads):
+                    seen.set()
+                time.sleep(0.05)
+
+    done = threading.Event()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(60)
+        runner.lease_timeout_s = 120.0  # the failure this test guards against: a wait till then
+        results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    finally:
+        done.set()
+        holder.join()
+        other.close()
+    assert seen.is_set()
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    # The first two partitions were written before the wait, the last two together after it.
+    assert all(_commits(runner, t) == 2 for t in INGEST.tables)
