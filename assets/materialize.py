@@ -129,6 +129,7 @@ def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerReso
                  landing: LandingResource, publisher: PublisherResource,
                  outcome_log: Callable[[str], None] | None = None) -> PhaseRunner:
     log = context.log.info if context is not None else None
+    settings = load_settings()
     return PhaseRunner(
         outcome_log=outcome_log,
         ledger=ledger.get(),
@@ -139,7 +140,8 @@ def build_runner(context: dg.AssetExecutionContext | None, *, ledger: LedgerReso
         run_id=context.run.run_id if context is not None else None,
         log=log,
         force=Force.from_tags(context.run.tags, context.run.run_id) if context is not None else None,
-        dead_letter_after=load_settings().dead_letter_after,
+        dead_letter_after=settings.dead_letter_after,
+        write_together=settings.write_together,
     )
 
 

@@ -39,7 +39,7 @@ from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
 from resources.memory import keep_freed_memory
 from resources.publisher import Artifact, Target
-from resources.settings import DEFAULT_DEAD_LETTER_AFTER, Region
+from resources.settings import DEFAULT_DEAD_LETTER_AFTER, DEFAULT_WRITE_TOGETHER, Region
 
 Log = Callable[[str], None]
 
@@ -137,11 +137,10 @@ class Force:
 FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason", "stormlake/by", "stormlake/force_id"
 
 
-#: A range step writes the tables of at most this many partitions at once (its leases held
-#: meanwhile: one ledger connection each) ...
-RANGE_WRITE_PARTITIONS = 8
-#: ... and of at most about this many rows in all: a big partition is written alone, as soon as
-#: it is computed (its commit is a small part of its cost, and its rows are not kept waiting).
+#: A range step writes the tables of at most ``STORMLAKE_WRITE_TOGETHER`` partitions at once
+#: (:attr:`PhaseRunner.write_together`; their leases held meanwhile, one ledger connection each)
+#: and of at most about this many rows in all: a big partition is written alone, as soon as it
+#: is computed (its commit is a small part of its cost, and its rows are not kept waiting).
 RANGE_WRITE_ROWS = 50_000
 
 
@@ -177,8 +176,9 @@ class PhaseRunner:
     def __init__(self, *, ledger: Ledger, lake: Lake, landing: Landing, targets: list[Target],
                  regions: dict[str, Region], run_id: str | None = None, log: Log | None = None,
                  outcome_log: Log | None = None, lease_timeout_s: float = 900.0, force: Force | None = None,
-                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER):
+                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER, write_together: int = DEFAULT_WRITE_TOGETHER):
         self.ledger = ledger
+        self.write_together = write_together
         self.dead_letter_after = dead_letter_after
         self.force = force
         self.lake = lake
@@ -359,8 +359,8 @@ class PhaseRunner:
 
         Each partition goes through the protocol on its own (its lease, its claim, its
         checkpoint, its failure), with one difference: the tables of small partitions are written
-        together. Up to :data:`RANGE_WRITE_PARTITIONS` partitions of at most
-        :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
+        together. Up to :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at
+        most :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
         transaction per partition), and each partition records its calls, delivers and commits
         its checkpoint. A Delta commit costs about the same for one small partition as for
@@ -396,7 +396,7 @@ class PhaseRunner:
                 results[part.key] = prepared
                 continue
             pending.append(prepared)
-            if len(pending) >= RANGE_WRITE_PARTITIONS or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS:
+            if len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS:
                 self._flush(pending, results)
         self._flush(pending, results)
         return [(part.key, results[part.key]) for part in parts if part.key in results]

@@ -19,6 +19,7 @@ DEFAULT_REGIONS_FILE = Path(__file__).with_name("regions.csv")
 DEFAULT_FIRST_DAY = "2026-09-01"
 DEFAULT_LAKE_LOG_RETENTION_MINUTES = 2  # how long a Delta log keeps older commits (resources/lake.py says why)
 DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
+DEFAULT_WRITE_TOGETHER = 8  # small partitions of a range step whose tables share a Delta commit
 REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
 
@@ -61,6 +62,7 @@ class Settings:
     workers: int = 1  # backfill processes at once: the CLI's --workers default and the UI's backfill runs
     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
     lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
+    write_together: int = DEFAULT_WRITE_TOGETHER  # small partitions of a range step written in one commit a table (1: each alone)
 
     @property
     def pgdata(self) -> Path:
@@ -103,6 +105,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", DEFAULT_DEAD_LETTER_AFTER),
         lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
                                           DEFAULT_LAKE_LOG_RETENTION_MINUTES),
+        write_together=_whole(get, "STORMLAKE_WRITE_TOGETHER", DEFAULT_WRITE_TOGETHER),
     )
 
 

@@ -22,7 +22,7 @@ from assets import enrich, ingest
 from assets.context import PartitionRef, pinned_files
 from assets.materialize import build_runner
 from assets.phases import ENRICH, INGEST
-from assets.runner import Outcome, PhaseRunner
+from assets.runner import Force, Outcome, PhaseRunner
 from resources.errors import InjectedFault
 from resources.ledger import Ledger
 
@@ -164,3 +164,19 @@ def test_a_lease_held_elsewhere_is_waited_for_only_after_the_partitions_held_are
     assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
     # The first two partitions were written before the wait, the last two together after it.
     assert all(_commits(runner, t) == 2 for t in INGEST.tables)
+
+
+def test_stormlake_write_together_sets_how_many_partitions_share_a_commit(
+        sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.definitions import build_resources
+
+    for setting, commits in (("1", 4), ("3", 2)):  # each alone; three, then the fourth
+        monkeypatch.setenv("STORMLAKE_WRITE_TOGETHER", setting)
+        with dg.build_resources(dict(build_resources())) as res:
+            r = build_runner(None, ledger=res.ledger, lake=res.lake, landing=res.landing, publisher=res.publisher)
+            assert r.write_together == int(setting)
+            r.force = Force("ingest", "test", "pytest", f"write-together-{setting}")  # computed again each time
+            results = [o for _, o in r.run_range(INGEST, _parts(r), ingest.compute, ingest.grade)]
+            assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+            before = 0 if setting == "1" else 4
+            assert all(_commits(r, t) == before + commits for t in INGEST.tables), setting
