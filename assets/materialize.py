@@ -306,8 +306,9 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     try:
         runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)
         parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
-        results = runner.run_range(phase, parts, compute, grader)
-        for (_, result), key in zip(results, keys, strict=False):
+        key_of = {part.key: key for part, key in zip(parts, keys, strict=True)}
+        for part_key, result in runner.run_range(phase, parts, compute, grader):
+            key = key_of[part_key]
             if isinstance(result, Outcome):
                 outcomes.append(result)
             elif result.transient or len(keys) == 1:

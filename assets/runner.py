@@ -165,6 +165,19 @@ class _Prepared:
         return call_key("delta_commit", table, _write_input(self.ctx.partition, self.hashes[table]))
 
 
+def _let_go(p: _Prepared, exc: BaseException | None, *, log: Log | None = None) -> None:
+    """Release a held partition's lease. A lease whose unlock fails (its connection lost) is
+    released by the server with the session, so that is only logged."""
+    try:
+        if exc is None:
+            p.lease.close()
+        else:
+            p.lease.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception as inner:  # noqa: BLE001 - the lock dies with its session
+        if log is not None:
+            log(f"{p.ctx.phase.name} {p.ctx.partition.key}: releasing the lease failed ({inner})")
+
+
 def _write_input(part: PartitionRef, content_hash: str) -> dict[str, str]:
     """A table write's recorded input: the partition and the content written."""
     return {"partition": part.key, "content": content_hash}
@@ -371,34 +384,44 @@ class PhaseRunner:
 
         The first transient error (the ledger unreachable) ends the range after the partitions
         already computed are finished: the step fails for Dagster's retry. Any other exception
-        (a bug) leaves the partitions held recorded FAILED and is raised.
+        (a bug) is raised once the partitions held are finished; an interrupt lets them go,
+        recorded FAILED. No lease stays held on any path.
         """
         results: dict[str, Outcome | StormlakeError] = {}
         pending: list[_Prepared] = []
-        for i, part in enumerate(parts):
-            if i + 1 < len(parts):
-                self.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
-            try:
-                prepared = self._prepare(phase, part, compute, grader,
-                                         before_waiting=lambda: self._flush(pending, results))
-            except StormlakeError as exc:
-                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                results[part.key] = exc
-                if exc.transient:
+        try:
+            for i, part in enumerate(parts):
+                if i + 1 < len(parts):
+                    self.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
+                try:
+                    prepared = self._prepare(phase, part, compute, grader,
+                                             before_waiting=lambda: self._flush(pending, results))
+                except StormlakeError as exc:
+                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                    results[part.key] = exc
+                    if exc.transient:
+                        break
+                    continue
+                except BaseException:
+                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                    raise
+                if isinstance(prepared, Outcome):
+                    self.ledger.tell_watchers(phase.name, part.key, prepared.status, prepared.delivered)
+                    results[part.key] = prepared
+                    continue
+                # A big partition is written alone: the small ones held go first.
+                ended = prepared.rows >= RANGE_WRITE_ROWS and self._flush(pending, results)
+                pending.append(prepared)
+                if ended or ((len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS)
+                             and self._flush(pending, results)):
                     break
-                continue
-            except BaseException:
-                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                self._abandon(pending)
-                raise
-            if isinstance(prepared, Outcome):
-                self.ledger.tell_watchers(phase.name, part.key, prepared.status, prepared.delivered)
-                results[part.key] = prepared
-                continue
-            pending.append(prepared)
-            if len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS:
-                self._flush(pending, results)
-        self._flush(pending, results)
+            self._flush(pending, results)
+        except Exception:
+            self._flush(pending, results)  # a bug raised for one partition: the ones held are finished first
+            raise
+        except BaseException:
+            self._abandon(pending)  # an interrupt: the ones held are let go, recorded FAILED
+            raise
         return [(part.key, results[part.key]) for part in parts if part.key in results]
 
     def _prepare(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None, *,
@@ -456,47 +479,72 @@ class PhaseRunner:
             raise
         return _Prepared(ctx, claim, basis, out, checks, hashes, lease)
 
-    def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> None:
+    def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Steps 6-8 for the partitions held: their tables written (together when several), then
-        each one's calls recorded, deliveries made and checkpoint committed, and its lease let go."""
+        each one's calls recorded, deliveries made and checkpoint committed, and its lease let go;
+        whether one of them failed with a transient error (the range then ends).
+
+        Every partition held is settled, each alone: COMPLETED, or FAILED with its own error. An
+        exception that is not a :class:`StormlakeError` (a bug) is raised once the others are
+        settled; an interrupt lets the ones not yet settled go (:meth:`_abandon`). No lease
+        stays held on any path.
+        """
         if not pending:
-            return
+            return False
         held, pending[:] = list(pending), []
-        together = self._write_together(held) if len(held) > 1 else {}
-        for i, p in enumerate(held):
-            phase, part = p.ctx.phase, p.ctx.partition
+        settled = 0
+        bug: Exception | None = None
+        transient = False
+        try:
             try:
-                outcome = self._commit(p, together)
-            except BaseException as exc:
-                self._record_failure(p.claim, exc)
-                p.lease.__exit__(type(exc), exc, exc.__traceback__)
-                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                if not isinstance(exc, StormlakeError):
-                    self._abandon(held[i + 1:])
-                    raise
-                results[part.key] = exc
-                continue
-            p.lease.close()
-            try:
-                faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
-            except StormlakeError as exc:
-                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                results[part.key] = exc
-                continue
-            self.ledger.tell_watchers(phase.name, part.key, outcome.status, outcome.delivered)
-            results[part.key] = outcome
+                together = self._write_together(held) if len(held) > 1 else {}
+            except Exception as exc:  # noqa: BLE001 - each partition then writes alone
+                self.log(f"writing {len(held)} partitions at once failed ({exc}); each writes alone")
+                together = {}
+            for p in held:
+                phase, part = p.ctx.phase, p.ctx.partition
+                try:
+                    outcome = self._commit(p, together)
+                except Exception as exc:
+                    self._record_failure(p.claim, exc)
+                    settled += 1
+                    _let_go(p, exc)
+                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                    if isinstance(exc, StormlakeError):
+                        results[part.key] = exc
+                        transient = transient or exc.transient
+                    elif bug is None:
+                        bug = exc
+                    continue
+                settled += 1
+                _let_go(p, None, log=self.log)
+                try:
+                    faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
+                except StormlakeError as exc:
+                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                    results[part.key] = exc
+                    continue
+                self.ledger.tell_watchers(phase.name, part.key, outcome.status, outcome.delivered)
+                results[part.key] = outcome
+        except BaseException:
+            self._abandon(held[settled:])
+            raise
+        if bug is not None:
+            raise bug
+        return transient
 
     def _abandon(self, held: list[_Prepared]) -> None:
-        """Let go of partitions computed but not finished (another partition of the range raised
-        an exception that ends the step): each recorded FAILED, not counted toward its dead letter."""
+        """Let go of partitions computed but not finished (an interrupt ends the step): each
+        recorded FAILED, not counted toward its dead letter, and its lease let go."""
         for p in held:
             try:
                 self.ledger.fail(p.claim, error_class="RangeAbandoned", run_id=self.run_id, counts=False,
-                                 error_message="not finished: another partition of the range step ended it")
-            except StormlakeError as inner:
+                                 error_message="not finished: the range step was interrupted")
+                self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
+            except Exception as inner:  # noqa: BLE001 - the next one is let go all the same
                 self.log(f"could not record the failure in the ledger: {inner}")
             finally:
-                p.lease.close()
+                _let_go(p, None, log=self.log)
 
     def _write_together(self, held: list[_Prepared]) -> dict[tuple[str, str], WriteResult]:
         """Each table of the phase written once for the partitions held that have not written it

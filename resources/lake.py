@@ -643,8 +643,9 @@ def _made_by(info: dict, app: str, seq: int) -> bool:
     if not several:
         return False
     try:
-        return str(json.loads(several).get(app)) == str(seq)
-    except (ValueError, AttributeError):
+        apps = several if isinstance(several, dict) else json.loads(several)
+        return app in apps and str(apps[app]) == str(seq)
+    except (ValueError, TypeError):
         return False
 
 

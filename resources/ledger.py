@@ -825,7 +825,8 @@ class Ledger:
         """Hold the (partition, phase) lease: a session advisory lock on a dedicated connection.
 
         The lock dies with the connection, so a process killed while holding it releases it
-        without an operator. Waiting polls, so a caller can show that it is waiting.
+        without an operator. Waiting polls, so a caller can show that it is waiting (``on_wait``,
+        called at each poll; its own time does not count toward ``timeout_s``).
         """
         key = _lock_key("stormlake-lease", partition_key, phase)
         with self._open_lock:
@@ -848,7 +849,9 @@ class Ledger:
                 if waited > timeout_s:
                     raise LeaseTimeout(f"lease for {phase} of {partition_key} not granted within {timeout_s:.0f} s")
                 if on_wait:
+                    began = time.monotonic()
                     on_wait(waited)
+                    start += time.monotonic() - began  # what the caller did meanwhile is not waiting
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 1.5, 1.0)
             yield

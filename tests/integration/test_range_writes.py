@@ -180,3 +180,62 @@ def test_stormlake_write_together_sets_how_many_partitions_share_a_commit(
             assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
             before = 0 if setting == "1" else 4
             assert all(_commits(r, t) == before + commits for t in INGEST.tables), setting
+
+
+def _advisory_locks(ledger: Ledger) -> int:
+    """Advisory locks (leases) held in this ledger's database, by any session."""
+    with ledger.connection() as conn:
+        return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
+                            " (SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
+
+
+def test_a_bug_in_one_partition_is_raised_after_the_partitions_held_are_finished(
+        runner: PhaseRunner, ledger: Ledger) -> None:
+    def compute(ctx):  # noqa: ANN001, ANN202 - a phase's compute with a bug for one partition
+        if ctx.partition.key == KEYS[2]:
+            raise ValueError("a bug")
+        return ingest.compute(ctx)
+
+    with pytest.raises(ValueError, match="a bug"):
+        runner.run_range(INGEST, _parts(runner), compute, ingest.grade)
+    heads = {k: ledger.head(k, "ingest") for k in KEYS}
+    assert [heads[k].status for k in KEYS[:3]] == ["COMPLETED", "COMPLETED", "FAILED"], heads
+    assert heads[KEYS[2]].error_class == "ValueError"
+    assert heads[KEYS[3]] is None  # the range ended with the bug: never claimed
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # the two held, together
+    assert _advisory_locks(ledger) == 0
+
+
+def test_an_interrupt_while_writing_together_lets_every_lease_go(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_write_together", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
+    assert _advisory_locks(ledger) == 0
+    heads = [ledger.head(k, "ingest") for k in KEYS]
+    assert {(h.status, h.error_class) for h in heads} == {("FAILED", "RangeAbandoned")}
+    assert {h.failures for h in heads} == {0}  # not counted toward a dead letter
+    monkeypatch.undo()
+    again = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in again), again
+
+
+def test_a_table_whose_write_together_fails_is_written_by_each_partition_alone(
+        runner: PhaseRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resources.errors import LakeError
+
+    together = runner.lake.overwrite_partitions
+
+    def weather_fails(table: str, writes, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if table == "weather_raw" and len(writes) > 1:
+            raise LakeError("weather_raw: the write together failed")
+        return together(table, writes, **kwargs)
+
+    monkeypatch.setattr(runner.lake, "overwrite_partitions", weather_fails)
+    results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    assert {t: _commits(runner, t) for t in INGEST.tables} == {t: 4 if t == "weather_raw" else 1 for t in INGEST.tables}
+    _assert_each_partition_holds_what_it_computed(runner, results)
