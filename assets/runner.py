@@ -496,11 +496,7 @@ class PhaseRunner:
         bug: Exception | None = None
         transient = False
         try:
-            try:
-                together = self._write_together(held) if len(held) > 1 else {}
-            except Exception as exc:  # noqa: BLE001 - each partition then writes alone
-                self.log(f"writing {len(held)} partitions at once failed ({exc}); each writes alone")
-                together = {}
+            together = self._write_together(held) if len(held) > 1 else {}
             for p in held:
                 phase, part = p.ctx.phase, p.ctx.partition
                 try:
@@ -508,7 +504,7 @@ class PhaseRunner:
                 except Exception as exc:
                     self._record_failure(p.claim, exc)
                     settled += 1
-                    _let_go(p, exc)
+                    _let_go(p, exc, log=self.log)
                     self.ledger.tell_watchers(phase.name, part.key, "FAILED")
                     if isinstance(exc, StormlakeError):
                         results[part.key] = exc

@@ -527,8 +527,8 @@ class Lake:
             # (its file on a local lake; else the newest entry of the history) and search the
             # commits if anything disagrees. (``history(1)`` lists the log as it is now, so another
             # writer's newer commit can stand there: it is not used on a local lake.)
-            for i in todo:
-                version, commit = self._confirm(table, dt, apps[i], writes[i].seq)
+            confirmed = self._confirm(table, dt, [(apps[i], writes[i].seq) for i in todo])
+            for i, (version, commit) in zip(todo, confirmed, strict=True):
                 if version is None:
                     raise LakeError(f"{_what(table, [writes[i]])}: commit of seq {writes[i].seq} not found"
                                     " in the table history")
@@ -541,20 +541,23 @@ class Lake:
             raise LakeError(f"{_what(table, writes)}: write did not complete")
         return [results[i] for i in range(len(writes))]
 
-    def _confirm(self, table: str, dt: DeltaTable, app: str, seq: int) -> tuple[int | None, _Commit | None]:
-        """The version (and, on a local lake, the commit) of the write just made with app
-        transaction ``(app, seq)``, ``dt`` standing at the version it committed."""
+    def _confirm(self, table: str, dt: DeltaTable,
+                 made: list[tuple[str, int]]) -> list[tuple[int | None, _Commit | None]]:
+        """The version (and, on a local lake, the commit) of the write just made, for each app
+        transaction ``(app, seq)`` it carried, ``dt`` standing at the version it committed. The
+        commit (or the history's newest entry) is read once for all of them; one it does not
+        name is searched for on its own."""
         uri = self.uri(table)
-        version: int | None = dt.version()
+        version = dt.version()
         if "://" not in uri:
             commit = _read_commit(uri, version)
-            if commit is None or not commit.made_by(app, seq):
-                return self._committed(table, app, seq, dt=dt) or (None, None)
-            return version, commit
+            return [(version, commit) if commit is not None and commit.made_by(app, seq)
+                    else self._committed(table, app, seq, dt=dt) or (None, None) for app, seq in made]
         entry = dt.history(1)
-        if not entry or entry[0].get("version", version) != version or not _made_by(entry[0], app, seq):
-            version = self.committed_version(table, app, seq)  # the table loaded anew
-        return version, None
+        newest = entry[0] if entry and entry[0].get("version", version) == version else {}
+        return [(version, None) if _made_by(newest, app, seq)
+                else (self.committed_version(table, app, seq), None)  # the table loaded anew
+                for app, seq in made]
 
     def row_count(self, table: str, version: int) -> int | None:
         """Total rows of ``table`` at ``version``, from the Delta log; None when the log does not tell.
