@@ -65,12 +65,13 @@ import dagster as dg
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
-from resources import dagster_compat
+from resources import dagster_compat, processes
 
 if TYPE_CHECKING:
     from resources.settings import Settings
 
 PID_TAG = "stormlake/run_worker_pid"
+PID_STARTED_TAG = "stormlake/run_worker_started"  # the worker's start time (resources.processes.started)
 HOST_TAG = "stormlake/run_worker_host"
 #: The modules the zygote imports before its first fork: the code location and what its phases
 #: import only when they run (the report's drawing, Delta writes).
@@ -304,24 +305,28 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         pid = self._fork(run.run_id)
-        self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), HOST_TAG: socket.gethostname()})
+        start = processes.started(pid)
+        self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), HOST_TAG: socket.gethostname(),
+                                                 **({PID_STARTED_TAG: start} if start else {})})
         self._instance.report_engine_event(f"Started a warm run worker for the run (pid {pid}).", run,
                                            cls=self.__class__)
 
     def _worker(self, run_id: str) -> int | None:
-        """The pid of the run's worker if it runs on this host."""
+        """The pid of the run's worker if it runs on this host; 0 if it is gone (its pid free or
+        taken by a later process, :mod:`resources.processes`)."""
         run = self._instance.get_run_by_id(run_id)
         if run is None or run.tags.get(HOST_TAG) != socket.gethostname():
             return None
         try:
-            return int(run.tags.get(PID_TAG, ""))
+            pid = int(run.tags.get(PID_TAG, ""))
         except ValueError:
             return None
+        return pid if processes.alive(pid, run.tags.get(PID_STARTED_TAG)) else 0
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
         pid = self._worker(run_id)
-        if run is None or pid is None or run.is_finished:
+        if run is None or not pid or run.is_finished:
             return False
         self._instance.report_run_canceling(run)
         try:
@@ -338,12 +343,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         pid = self._worker(run.run_id)
         if pid is None:
             return CheckRunHealthResult(WorkerStatus.UNKNOWN, "the run's worker is not on this host")
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return CheckRunHealthResult(WorkerStatus.FAILED, f"the run's worker (pid {pid}) is gone")
-        except PermissionError:
-            pass
+        if not pid:
+            return CheckRunHealthResult(WorkerStatus.FAILED,
+                                        f"the run's worker (pid {run.tags.get(PID_TAG)}) is gone")
         return CheckRunHealthResult(WorkerStatus.RUNNING)
 
     def dispose(self) -> None:

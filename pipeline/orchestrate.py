@@ -22,7 +22,7 @@ from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from assets.runner import Force
 from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
-from resources import dagster_compat
+from resources import dagster_compat, processes
 from resources.errors import LedgerUnavailable
 from resources.keys import LAUNCHED_BY, MAX_PARTITIONS_PER_RUN, split_partition_key
 from resources.ledger import Checkpoint, Ledger
@@ -36,6 +36,7 @@ ASSET_PHASE = dict(TABLE_PHASE)
 # stack traces) stays out of the terminal. Everything is still in the run's event log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 PID_TAG = "stormlake/pid"
+PID_STARTED_TAG = "stormlake/pid_started"  # the process's start time (resources.processes.started)
 HOST_TAG = "stormlake/host"
 
 
@@ -113,7 +114,8 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
 
     A run executed in-process by a CLI that was killed stays STARTED for ever and keeps its
     concurrency-pool slots, so later runs would wait on them. The daemon's run monitoring does
-    this for the runs it launched; the CLI does it for its own, by pid on this host.
+    this for the runs it launched; the CLI does it for its own, by pid and the process's start
+    time on this host (a pid alone may name a later process, :mod:`resources.processes`).
     """
     host = socket.gethostname()
     reaped = 0
@@ -125,13 +127,9 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
         run = record.dagster_run
         try:
             pid = int(run.tags.get(PID_TAG, "0"))
-            os.kill(pid, 0)
-            alive = pid > 0
-        except (ValueError, ProcessLookupError):
-            alive = False
-        except PermissionError:
-            alive = True
-        if alive:
+        except ValueError:
+            pid = 0
+        if processes.alive(pid, run.tags.get(PID_STARTED_TAG)):
             continue
         dagster_compat.fail_dead_run(
             instance, run, "the stormlake process running it died; the next run resumes from the ledger")
@@ -359,6 +357,7 @@ class PartitionLauncher:
         self.on_result = on_result
         self.preflight = preflight
         self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
+                     **({PID_STARTED_TAG: start} if (start := processes.started(os.getpid())) else {}),
                      **(force.tags() if force else {})}
         # A forced re-run keeps only the phases before the one it is forced from as they stand.
         self.keep = PHASES.index(BY_NAME[force.from_phase]) if force else len(PHASES)

@@ -116,7 +116,7 @@ def test_the_warm_process_forks_a_worker_per_run_and_is_replaced_when_the_code_c
 
 
 def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  # noqa: ANN001
-    from pipeline.launcher import HOST_TAG, PID_TAG
+    from pipeline.launcher import HOST_TAG, PID_STARTED_TAG, PID_TAG
 
     warm = instance.run_launcher
     here = socket.gethostname()
@@ -139,10 +139,16 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
         gone = run({PID_TAG: str(dead.pid), HOST_TAG: here})
         elsewhere = run({PID_TAG: str(sleeper.pid), HOST_TAG: here + "-other"})
         untagged = run({})
+        # A dead worker whose pid now belongs to a later process (the sleeper): its start time differs.
+        reused = run({PID_TAG: str(sleeper.pid), HOST_TAG: here, PID_STARTED_TAG: "1"})
         status = {name: warm.check_run_worker_health(r).status.value
-                  for name, r in (("alive", alive), ("gone", gone), ("elsewhere", elsewhere), ("untagged", untagged))}
-        assert status == {"alive": "RUNNING", "gone": "FAILED", "elsewhere": "UNKNOWN", "untagged": "UNKNOWN"}
+                  for name, r in (("alive", alive), ("gone", gone), ("elsewhere", elsewhere), ("untagged", untagged),
+                                  ("reused", reused))}
+        assert status == {"alive": "RUNNING", "gone": "FAILED", "elsewhere": "UNKNOWN", "untagged": "UNKNOWN",
+                          "reused": "FAILED"}
         assert warm.supports_check_run_worker_health
+        assert warm.terminate(reused.run_id) is False  # the later process is not the run's: left alone
+        assert sleeper.poll() is None
         # Terminate: the run is marked canceling and its worker gets SIGINT (Dagster's interrupt).
         assert warm.terminate(alive.run_id) is True
         assert sleeper.wait(HANG_GUARD_S) == -signal.SIGINT or sleeper.returncode == 1
@@ -154,6 +160,38 @@ def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  
             sleeper.kill()
             sleeper.wait()
         sleeper.stdout.close()
+
+
+def test_a_cli_run_is_reaped_when_its_process_is_gone_or_its_pid_taken(instance) -> None:  # noqa: ANN001
+    """``reap_dead_cli_runs`` fails the STARTED runs of CLI processes that died, and only those: a
+    run whose pid a later process got (another start time) is dead too; a run of a live process,
+    or of another host, is kept. A run tagged before start times were recorded goes by its pid."""
+    from pipeline.orchestrate import HOST_TAG, PID_STARTED_TAG, PID_TAG, reap_dead_cli_runs
+    from resources.keys import LAUNCHED_BY
+    from resources.processes import started
+
+    here = socket.gethostname()
+    me, my_start = str(os.getpid()), started(os.getpid())
+    assert my_start is not None and my_start == started(os.getpid())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def run(**tags: str) -> str:
+        return instance.add_run(dg.DagsterRun(job_name="storm_job", run_id=str(uuid.uuid4()),
+                                              tags={LAUNCHED_BY: "cli", HOST_TAG: here, **tags},
+                                              status=dg.DagsterRunStatus.STARTED)).run_id
+
+    runs = {
+        "mine": run(**{PID_TAG: me, PID_STARTED_TAG: my_start}),
+        "untimed": run(**{PID_TAG: me}),
+        "taken": run(**{PID_TAG: me, PID_STARTED_TAG: str(int(my_start) - 1)}),
+        "gone": run(**{PID_TAG: str(dead.pid), PID_STARTED_TAG: my_start}),
+        "elsewhere": run(**{PID_TAG: str(dead.pid), HOST_TAG: here + "-other"}),
+    }
+    assert reap_dead_cli_runs(instance) == 2
+    status = {name: instance.get_run_by_id(run_id).status.value for name, run_id in runs.items()}
+    assert status == {"mine": "STARTED", "untimed": "STARTED", "taken": "FAILURE", "gone": "FAILURE",
+                      "elsewhere": "STARTED"}
 
 
 def test_in_the_daemon_the_warm_process_starts_with_the_coordinator(
