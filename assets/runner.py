@@ -165,6 +165,17 @@ class _Prepared:
         return call_key("delta_commit", table, _write_input(self.ctx.partition, self.hashes[table]))
 
 
+@dataclass(frozen=True)
+class _Finished:
+    """A partition's attempt written, recorded and delivered: the checkpoint it commits."""
+
+    state_hash: str
+    summary: dict[str, Any]
+    tier: int
+    tier_label: str
+    delivered: tuple[str, ...]
+
+
 def _let_go(p: _Prepared, exc: BaseException | None, *, log: Log | None = None) -> None:
     """Release a held partition's lease. A lease whose unlock fails (its connection lost) is
     released by the server with the session, so that is only logged."""
@@ -375,12 +386,13 @@ class PhaseRunner:
         together. Up to :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at
         most :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
-        transaction per partition), and each partition records its calls, delivers and commits
-        its checkpoint. A Delta commit costs about the same for one small partition as for
-        eight, and more as a table grows (about 50 ms a commit on a table of a year's
-        partitions). A partition that fails is alone in failing; a write together that fails
-        leaves each partition to write alone. A lease that another run holds is never waited
-        for while this one holds others: the partitions held are finished first.
+        transaction per partition), each partition records its calls and delivers, and their
+        checkpoints commit in one statement (each fenced on its own). A Delta commit costs
+        about the same for one small partition as for eight, and more as a table grows (about
+        50 ms a commit on a table of a year's partitions). A partition that fails is alone in
+        failing; a write together that fails leaves each partition to write alone. A lease that
+        another run holds is never waited for while this one holds others: the partitions held
+        are finished first.
 
         The first transient error (the ledger unreachable) ends the range after the partitions
         already computed are finished: the step fails for Dagster's retry. Any other exception
@@ -481,7 +493,8 @@ class PhaseRunner:
 
     def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Steps 6-8 for the partitions held: their tables written (together when several), then
-        each one's calls recorded, deliveries made and checkpoint committed, and its lease let go;
+        each one's calls recorded and deliveries made, their checkpoints committed in one
+        statement (:meth:`Ledger.complete_all`), and their leases let go;
         whether one of them failed with a transient error (the range then ends).
 
         Every partition held is settled, each alone: COMPLETED, or FAILED with its own error. An
@@ -492,28 +505,46 @@ class PhaseRunner:
         if not pending:
             return False
         held, pending[:] = list(pending), []
-        settled = 0
+        unsettled = {id(p): p for p in held}
         bug: Exception | None = None
         transient = False
+
+        def failed(p: _Prepared, exc: Exception) -> None:
+            nonlocal bug, transient
+            self._record_failure(p.claim, exc)
+            del unsettled[id(p)]
+            _let_go(p, exc, log=self.log)
+            self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
+            if isinstance(exc, StormlakeError):
+                results[p.ctx.partition.key] = exc
+                transient = transient or exc.transient
+            elif bug is None:
+                bug = exc
+
         try:
             together = self._write_together(held) if len(held) > 1 else {}
+            finished: list[tuple[_Prepared, _Finished]] = []
             for p in held:
-                phase, part = p.ctx.phase, p.ctx.partition
                 try:
-                    outcome = self._commit(p, together)
+                    finished.append((p, self._commit(p, together)))
                 except Exception as exc:
-                    self._record_failure(p.claim, exc)
-                    settled += 1
-                    _let_go(p, exc, log=self.log)
-                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                    if isinstance(exc, StormlakeError):
-                        results[part.key] = exc
-                        transient = transient or exc.transient
-                    elif bug is None:
-                        bug = exc
+                    failed(p, exc)
+            # Their checkpoints in one statement (each fenced on its own).
+            try:
+                committed: list[Checkpoint | Exception] = list(self.ledger.complete_all(
+                    [(p.claim, f.state_hash, f.summary, f.tier, f.tier_label) for p, f in finished], self.run_id))
+            except Exception as exc:  # the statement as a whole: each partition fails with it
+                committed = [exc] * len(finished)
+            for (p, f), cp in zip(finished, committed, strict=True):
+                phase, part = p.ctx.phase, p.ctx.partition
+                if isinstance(cp, Exception):
+                    failed(p, cp)
                     continue
-                settled += 1
+                del unsettled[id(p)]
                 _let_go(p, None, log=self.log)
+                held_for = f", held for review: {f.summary['held']['quality']}" if "held" in f.summary else ""
+                self.outcome_log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {f.state_hash[:12]}{held_for})")
+                outcome = Outcome(phase.name, part.key, "COMPLETED", cp, tuple(f.delivered), tuple(p.checks))
                 try:
                     faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
                 except StormlakeError as exc:
@@ -523,7 +554,7 @@ class PhaseRunner:
                 self.ledger.tell_watchers(phase.name, part.key, outcome.status, outcome.delivered)
                 results[part.key] = outcome
         except BaseException:
-            self._abandon(held[settled:])
+            self._abandon(list(unsettled.values()))
             raise
         if bug is not None:
             raise bug
@@ -610,10 +641,10 @@ class PhaseRunner:
             hashes[table] = digest
         return out, checks, hashes
 
-    def _commit(self, p: _Prepared, together: dict[tuple[str, str], WriteResult]) -> Outcome:
-        """Steps 6-8 for one partition: its writes (made already when ``together`` has them),
-        each recorded as a call of its own in the phase's table order, its deliveries, its
-        checkpoint."""
+    def _commit(self, p: _Prepared, together: dict[tuple[str, str], WriteResult]) -> _Finished:
+        """Steps 6-7 for one partition: its writes (made already when ``together`` has them),
+        each recorded as a call of its own in the phase's table order, and its deliveries; the
+        checkpoint it commits (step 8, :meth:`_flush`, with the others held)."""
         ctx, claim, basis, out, checks, hashes = p.ctx, p.claim, p.basis, p.out, p.checks, p.hashes
         phase, part = ctx.phase, ctx.partition
         rows = {table: out.tables[table].num_rows for table in phase.tables}
@@ -668,8 +699,4 @@ class PhaseRunner:
             # Written and committed, delivered to nobody: the partition stays a tier below, held.
             summary["held"] = hold
             tier, label = phase.tier - 1, HELD_LABEL
-        cp = self.ledger.complete(claim, state_hash=state_hash, summary=summary, tier=tier,
-                                  tier_label=label, run_id=self.run_id)
-        held = f", held for review: {hold['quality']}" if hold else ""
-        self.outcome_log(f"{phase.name} {part.key}: COMPLETED (seq {cp.seq}, state {state_hash[:12]}{held})")
-        return Outcome(phase.name, part.key, "COMPLETED", cp, tuple(delivered), tuple(checks))
+        return _Finished(state_hash, summary, tier, label, tuple(delivered))

@@ -675,6 +675,71 @@ class Ledger:
                 return head
             raise
 
+    _COMPLETE_ALL_SQL = (
+        "WITH v AS ("
+        " SELECT * FROM jsonb_to_recordset(%(items)s)"
+        "  AS x(id bigint, seq bigint, state text, summary jsonb, tier integer, label text)"
+        "), upd AS ("
+        " UPDATE checkpoints c SET status = 'COMPLETED', state_hash = v.state, summary = v.summary,"
+        "  tier = v.tier, tier_label = v.label, run_id = %(run)s, completed_at = now(), updated_at = now(),"
+        "  calls = coalesce((SELECT jsonb_agg(jsonb_build_object('key', r.call_key, 'kind', r.kind, 'name', r.name,"
+        "   'input', r.input, 'output', r.output, 'seq', r.seq) ORDER BY r.recorded_at, r.call_key)"
+        "   FROM recorded_calls r WHERE r.checkpoint_id = c.id), '[]'::jsonb)"
+        " FROM v WHERE c.id = v.id AND c.seq = v.seq AND c.status = 'PENDING' AND c.superseded_at IS NULL"
+        " RETURNING c.*"
+        "), ev AS ("
+        " INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
+        "  input_hash, seq, attempt, tier, run_id, detail)"
+        " SELECT id, partition_key, region_id, day, phase, 'COMPLETED', input_hash, seq, attempt, tier, run_id,"
+        "  jsonb_build_object('state_hash', state_hash) FROM upd ORDER BY id RETURNING checkpoint_id, partition_key, phase"
+        ") SELECT upd.*, pg_notify('stormlake_events', ev.partition_key || '|' || ev.phase || '|COMPLETED') AS notified"
+        " FROM upd JOIN ev ON ev.checkpoint_id = upd.id"
+    )
+
+    def complete_all(self, items: list[tuple[Claim, str, dict[str, Any], int, str]],
+                     run_id: str | None) -> list[Checkpoint | FencingError]:
+        """Commit several checkpoints COMPLETED in one statement: ``(claim, state_hash, summary,
+        tier, tier_label)`` each; each one's COMPLETED checkpoint, or the :class:`FencingError` of
+        an attempt that lost its lease (the others commit all the same), in their order.
+
+        Each checkpoint is what :meth:`complete` makes of it (the same fenced UPDATE, event and
+        NOTIFY), and the statement is one transaction, so the partition states are refreshed once
+        for all of them: a range step's partitions written together commit together.
+        """
+        if len(items) == 1:
+            claim, state, summary, tier, label = items[0]
+            try:
+                return [self.complete(claim, state_hash=state, summary=summary, tier=tier, tier_label=label,
+                                      run_id=run_id)]
+            except FencingError as exc:
+                return [exc]
+        payload = [{"id": claim.id, "seq": claim.seq, "state": state, "summary": summary, "tier": tier, "label": label}
+                   for claim, state, summary, tier, label in items]
+
+        def stmt(conn: psycopg.Connection) -> dict[int, Checkpoint]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(self._COMPLETE_ALL_SQL,  # type: ignore[arg-type]
+                                   {"items": Jsonb(payload), "run": run_id}).fetchall()
+            done: dict[int, Checkpoint] = {}
+            for row in rows:
+                row.pop("notified", None)
+                done[row["id"]] = Checkpoint(**row)
+            return done
+
+        done = self._run(stmt, what=f"commit {len(items)} {items[0][0].checkpoint.phase} checkpoints", single=True)
+        out: list[Checkpoint | FencingError] = []
+        for claim, *_rest in items:
+            cp = done.get(claim.id)
+            if cp is None:
+                # A retry after a lost reply finds its own commit already done: that is success.
+                head = self.head(claim.checkpoint.partition_key, claim.checkpoint.phase)
+                if head is not None and head.id == claim.id and head.seq == claim.seq and head.status == "COMPLETED":
+                    cp = head
+            out.append(cp if cp is not None else FencingError(
+                f"{claim.checkpoint.phase} of {claim.checkpoint.partition_key}: attempt seq {claim.seq}"
+                " lost its lease to a newer attempt; its result is not committed"))
+        return out
+
     def fail(self, claim: Claim, *, error_class: str, error_message: str, run_id: str | None,
              counts: bool = True) -> bool:
         """Record FAILED with the error; returns False when the attempt was already fenced off.

@@ -31,6 +31,43 @@ def test_a_writer_whose_lease_was_taken_over_cannot_commit(ledger: Ledger) -> No
     assert ledger.head(KEY, "correlate").state_hash == "s2"
 
 
+def test_checkpoints_committed_together_are_each_fenced_on_their_own(ledger: Ledger) -> None:
+    """``complete_all`` commits the attempts that still hold their lease in one statement, each as
+    ``complete`` would (its recorded calls, its COMPLETED event, the partition's state), and
+    reports a lost lease for the attempt that lost it; a repeat after a lost reply is success."""
+    keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-01|red_hills"]
+
+    def claim(key: str):  # noqa: ANN202
+        c = ledger.claim(**{**ARGS, "partition_key": key, "region_id": key.split("|")[1]}).claim
+        assert c is not None
+        return c
+
+    claims = [claim(k) for k in keys]
+    ledger.record_call(claims[0], call_key="delta_commit:t:1", kind="delta_commit", name="t", input={"n": 1},
+                       output={"version": 3})
+    newer = claim(keys[1])  # the second attempt lost its lease to a newer one
+    items = [(c, f"s-{i}", {"rows": {"t": i}}, 3, "correlated") for i, c in enumerate(claims)]
+    out = ledger.complete_all(items, run_id="r")
+    assert [type(o).__name__ for o in out] == ["Checkpoint", "FencingError", "Checkpoint"]
+    assert "lost its lease" in str(out[1])
+    first, third = out[0], out[2]
+    assert (first.status, first.state_hash, first.summary, first.tier, first.run_id) == (
+        "COMPLETED", "s-0", {"rows": {"t": 0}}, 3, "r")
+    assert [c["key"] for c in first.calls] == ["delta_commit:t:1"] and third.calls == []
+    assert ledger.head(keys[0], "correlate") == first and ledger.head(keys[2], "correlate") == third
+    assert ledger.head(keys[1], "correlate").id == newer.id and ledger.head(keys[1], "correlate").status == "PENDING"
+    events = query(ledger, "SELECT partition_key, status FROM checkpoint_events WHERE status = 'COMPLETED'"
+                           " ORDER BY event_id")
+    assert sorted(e["partition_key"] for e in events) == [keys[0], keys[2]]
+    states = {r["partition_key"]: r["status"] for r in query(
+        ledger, "SELECT partition_key, phases->'correlate'->>'status' AS status FROM partition_state")}
+    assert states == {keys[0]: "COMPLETED", keys[1]: "PENDING", keys[2]: "COMPLETED"}
+    # The same statement again (its reply lost): both are found committed, nothing is written twice.
+    again = ledger.complete_all([items[0], items[2]], run_id="r")
+    assert again == [first, third]
+    assert len(query(ledger, "SELECT 1 FROM checkpoint_events WHERE status = 'COMPLETED'")) == 2
+
+
 def test_a_completed_checkpoint_is_never_overwritten(ledger: Ledger, pg_dsn: str) -> None:
     claim = ledger.claim(**ARGS).claim
     assert claim is not None
