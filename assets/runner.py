@@ -177,16 +177,54 @@ class _Finished:
 
 
 def _let_go(p: _Prepared, exc: BaseException | None, *, log: Log | None = None) -> None:
-    """Release a held partition's lease. A lease whose unlock fails (its connection lost) is
-    released by the server with the session, so that is only logged."""
+    """Release a held partition's lease (:func:`_let_go_lease`)."""
+    _let_go_lease(p.lease, exc, log=log, what=f"{p.ctx.phase.name} {p.ctx.partition.key}")
+
+
+def _let_go_lease(lease: contextlib.ExitStack, exc: BaseException | None, *, log: Log | None = None,
+                  what: str = "") -> None:
+    """Release a lease. A lease whose unlock fails (its connection lost) is released by the
+    server with the session, so that is only logged."""
     try:
         if exc is None:
-            p.lease.close()
+            lease.close()
         else:
-            p.lease.__exit__(type(exc), exc, exc.__traceback__)
+            lease.__exit__(type(exc), exc, exc.__traceback__)
     except Exception as inner:  # noqa: BLE001 - the lock dies with its session
         if log is not None:
-            log(f"{p.ctx.phase.name} {p.ctx.partition.key}: releasing the lease failed ({inner})")
+            log(f"{what}: releasing the lease failed ({inner})")
+
+
+class _Busy(Exception):  # noqa: N818 - a signal, not an error
+    """The lease is held by another run (raised by :func:`_busy` at the first wait)."""
+
+
+def _busy(_waited: float) -> None:
+    raise _Busy
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A partition with work for the phase, before its lease and claim (steps 1-3 done)."""
+
+    phase: Phase
+    part: PartitionRef
+    ups: dict[str, Checkpoint]
+    basis: dict[str, Any]
+    args: dict[str, Any]  # what the ledger's claim takes
+
+
+@dataclass
+class _Claimed:
+    """A partition's attempt claimed, its lease held, not yet computed."""
+
+    ready: _Ready
+    claim: Claim
+    lease: contextlib.ExitStack
+
+    @property
+    def part(self) -> PartitionRef:
+        return self.ready.part
 
 
 def _write_input(part: PartitionRef, content_hash: str) -> dict[str, str]:
@@ -217,14 +255,16 @@ class PhaseRunner:
         prepare_process()
 
     # ---- 1. input hash -----------------------------------------------------------------
-    def upstream(self, phase: Phase, part: PartitionRef) -> tuple[dict[str, Checkpoint], Checkpoint | None]:
-        """The COMPLETED head checkpoints of the phases ``phase`` reads, and ``phase``'s own head.
+    def upstream(self, phase: Phase, part: PartitionRef,
+                 heads: list[Checkpoint] | None = None) -> tuple[dict[str, Checkpoint], Checkpoint | None]:
+        """The COMPLETED head checkpoints of the phases ``phase`` reads, and ``phase``'s own head
+        (from ``heads``, the partition's head checkpoints, when given, else read now).
 
         Each must come from the current schema and code version of its phase: a selection that
         leaves an upgraded phase out (``--select operational_picture`` after a schema bump of
         correlate) would otherwise compute on tables of the old shape.
         """
-        heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
+        heads = {cp.phase: cp for cp in (self.ledger.heads([part.key]) if heads is None else heads)}
         ups: dict[str, Checkpoint] = {}
         for name in phase.upstream_phases:
             cp = heads.get(name)
@@ -382,8 +422,11 @@ class PhaseRunner:
         error, in their order (not every partition's when a transient error ended the range).
 
         Each partition goes through the protocol on its own (its lease, its claim, its
-        checkpoint, its failure), with one difference: the tables of small partitions are written
-        together. Up to :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at
+        checkpoint, its failure), with two differences for small partitions: they are claimed
+        together, and their tables are written together. The first partition is claimed alone;
+        once its size is known, the next ones are claimed as many at a time as would be written
+        together (their heads read in one query, each lease taken if free, their attempts
+        claimed in one transaction, :meth:`Ledger.claim_all`), then computed one by one. Up to :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at
         most :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
         transaction per partition), each partition records its calls and delivers, and their
@@ -391,56 +434,175 @@ class PhaseRunner:
         about the same for one small partition as for eight, and more as a table grows (about
         50 ms a commit on a table of a year's partitions). A partition that fails is alone in
         failing; a write together that fails leaves each partition to write alone. A lease that
-        another run holds is never waited for while this one holds others: the partitions held
-        are finished first.
+        another run holds is never waited for while this one holds others: such a partition is
+        left out of its group and taken on its own once the partitions held are finished.
 
         The first transient error (the ledger unreachable) ends the range after the partitions
         already computed are finished: the step fails for Dagster's retry. Any other exception
         (a bug) is raised once the partitions held are finished; an interrupt lets them go,
-        recorded FAILED. No lease stays held on any path.
+        recorded FAILED. Partitions claimed but not yet computed when the range ends are let go,
+        recorded FAILED (``RangeAbandoned``, not counted toward a dead letter); the next run
+        takes them over. No lease stays held on any path.
         """
         results: dict[str, Outcome | StormlakeError] = {}
         pending: list[_Prepared] = []
+        claimed: list[_Claimed] = []
+        window = 1  # how many partitions are claimed together: as many as are written together
+        stop = False
         try:
-            for i, part in enumerate(parts):
-                if i + 1 < len(parts):
-                    self.prefetch(phase, parts[i + 1])  # read the next partition while this one computes
-                try:
-                    prepared = self._prepare(phase, part, compute, grader,
-                                             before_waiting=lambda: self._flush(pending, results))
-                except StormlakeError as exc:
-                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                    results[part.key] = exc
-                    if exc.transient:
+            i = 0
+            while i < len(parts) and not stop:
+                # No more leases held at once than partitions written together.
+                group = parts[i:i + max(1, min(window, self.write_together - len(pending)))]
+                i += len(group)
+                ready, stop = self._decide_all(phase, group, results)
+                busy: list[PartitionRef] = []
+                if ready and not stop:
+                    claimed, busy, stop = self._claim_all(phase, ready, results)
+                while claimed and not stop:
+                    c = claimed.pop(0)
+                    following = [x.part for x in claimed] + busy + parts[i:i + 1]
+                    if following:
+                        self.prefetch(phase, following[0])  # read the next partition while this one computes
+                    try:
+                        prepared = self._attempt(c, compute, grader)
+                    except StormlakeError as exc:
+                        self.ledger.tell_watchers(phase.name, c.part.key, "FAILED")
+                        results[c.part.key] = exc
+                        stop = exc.transient
+                        continue
+                    except BaseException:
+                        self.ledger.tell_watchers(phase.name, c.part.key, "FAILED")
+                        raise
+                    window = max(1, min(self.write_together, RANGE_WRITE_ROWS // max(1, prepared.rows)))
+                    stop = self._hold(prepared, pending, results)
+                for j, part in enumerate(busy):  # their leases are held by another run: one by one
+                    if stop:
                         break
-                    continue
-                except BaseException:
-                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                    raise
-                if isinstance(prepared, Outcome):
-                    self.ledger.tell_watchers(phase.name, part.key, prepared.status, prepared.delivered)
-                    results[part.key] = prepared
-                    continue
-                # A big partition is written alone: the small ones held go first.
-                ended = prepared.rows >= RANGE_WRITE_ROWS and self._flush(pending, results)
-                pending.append(prepared)
-                if ended or ((len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS)
-                             and self._flush(pending, results)):
-                    break
+                    following = busy[j + 1:j + 2] or parts[i:i + 1]
+                    if following:
+                        self.prefetch(phase, following[0])
+                    stop = self._one(phase, part, compute, grader, pending, results)
             self._flush(pending, results)
         except Exception:
+            self._abandon(claimed, computed=False)
             self._flush(pending, results)  # a bug raised for one partition: the ones held are finished first
             raise
         except BaseException:
+            self._abandon(claimed, computed=False)
             self._abandon(pending)  # an interrupt: the ones held are let go, recorded FAILED
             raise
+        self._abandon(claimed, computed=False)  # a transient error ended the range before them
         return [(part.key, results[part.key]) for part in parts if part.key in results]
 
-    def _prepare(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None, *,
-                 before_waiting: Callable[[], None]) -> Outcome | _Prepared:
-        """Steps 1-5 of the protocol: the partition's skip, or its attempt computed and graded with
-        its lease held (:class:`_Prepared`, finished by :meth:`_flush`)."""
-        ups, prior = self.upstream(phase, part)
+    def _hold(self, prepared: _Prepared, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+        """Hold a computed partition for the write together, flushing as the limits say; whether
+        a flush ended the range (a transient error)."""
+        # A big partition is written alone: the small ones held go first.
+        ended = prepared.rows >= RANGE_WRITE_ROWS and self._flush(pending, results)
+        pending.append(prepared)
+        return ended or ((len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS)
+                         and self._flush(pending, results))
+
+    def _one(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None,
+             pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+        """One partition on its own (its lease waited for, once the partitions held are finished);
+        whether the range ends (a transient error)."""
+        try:
+            prepared = self._prepare(phase, part, compute, grader,
+                                     before_waiting=lambda: self._flush(pending, results))
+        except StormlakeError as exc:
+            self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+            results[part.key] = exc
+            return exc.transient
+        except BaseException:
+            self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+            raise
+        if isinstance(prepared, Outcome):
+            self.ledger.tell_watchers(phase.name, part.key, prepared.status, prepared.delivered)
+            results[part.key] = prepared
+            return False
+        return self._hold(prepared, pending, results)
+
+    def _decide_all(self, phase: Phase, group: list[PartitionRef],
+                    results: dict[str, Outcome | StormlakeError]) -> tuple[list[_Ready], bool]:
+        """Steps 1-3 for a group of partitions (their heads read at once): the ones with work,
+        and whether a transient error ends the range. A skip or an error goes to ``results``."""
+        try:
+            heads = self.ledger.heads([part.key for part in group]) if len(group) > 1 else None
+        except StormlakeError:
+            heads = None  # each reads its own, and meets the error itself
+        ready: list[_Ready] = []
+        for part in group:
+            try:
+                decided = self._decide(phase, part, None if heads is None else
+                                       [cp for cp in heads if cp.partition_key == part.key])
+            except StormlakeError as exc:
+                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                results[part.key] = exc
+                if exc.transient:
+                    return ready, True
+                continue
+            except BaseException:
+                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+                raise
+            if isinstance(decided, Outcome):
+                self.ledger.tell_watchers(phase.name, part.key, decided.status, decided.delivered)
+                results[part.key] = decided
+            else:
+                ready.append(decided)
+        return ready, False
+
+    def _claim_all(self, phase: Phase, ready: list[_Ready], results: dict[str, Outcome | StormlakeError]
+                   ) -> tuple[list[_Claimed], list[PartitionRef], bool]:
+        """Step 4 for partitions with work: each one's lease taken if it is free, then their
+        attempts claimed in one transaction (:meth:`Ledger.claim_all`). The claimed ones (their
+        leases held), the ones whose lease another run holds (left for :meth:`_one`), and
+        whether a transient error ends the range. A skip or an error goes to ``results``."""
+        leased: list[tuple[_Ready, contextlib.ExitStack]] = []
+        busy: list[PartitionRef] = []
+
+        def let_all_go(exc: BaseException | None) -> None:
+            for _r, lease in leased:
+                _let_go_lease(lease, exc, log=self.log)
+
+        try:
+            for r in ready:
+                lease = contextlib.ExitStack()
+                try:
+                    lease.enter_context(self.ledger.lease(r.part.key, phase.name, timeout_s=self.lease_timeout_s,
+                                                          on_wait=_busy))
+                except _Busy:
+                    busy.append(r.part)
+                    continue
+                leased.append((r, lease))
+            decisions = self.ledger.claim_all([r.args for r, _ in leased]) if leased else []
+        except StormlakeError as exc:
+            let_all_go(exc)
+            for r, _ in leased:
+                self.ledger.tell_watchers(phase.name, r.part.key, "FAILED")
+                results[r.part.key] = exc
+            return [], busy, exc.transient
+        except BaseException as exc:
+            let_all_go(exc)
+            raise
+        claimed: list[_Claimed] = []
+        for (r, lease), decision in zip(leased, decisions, strict=True):
+            if decision.skip:
+                assert decision.head is not None
+                lease.close()
+                self.outcome_log(f"{phase.name} {r.part.key}: SKIPPED (completed by another run meanwhile)")
+                outcome = Outcome(phase.name, r.part.key, "SKIPPED", decision.head)
+                self.ledger.tell_watchers(phase.name, r.part.key, outcome.status, outcome.delivered)
+                results[r.part.key] = outcome
+                continue
+            assert decision.claim is not None
+            claimed.append(_Claimed(r, decision.claim, lease))
+        return claimed, busy, False
+
+    def _decide(self, phase: Phase, part: PartitionRef, heads: list[Checkpoint] | None = None) -> Outcome | _Ready:
+        """Steps 1-3 of the protocol: the partition's skip (recorded), or what its claim needs."""
+        ups, prior = self.upstream(phase, part, heads)
         ih, basis = self.input_hash(phase, part, ups, prior)
         args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,
                     input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
@@ -452,6 +614,16 @@ class PhaseRunner:
             self.ledger.record_skip(look.head, self.run_id)
             self.outcome_log(f"{phase.name} {part.key}: SKIPPED (checkpoint seq {look.head.seq} has this input hash)")
             return Outcome(phase.name, part.key, "SKIPPED", look.head)
+        return _Ready(phase, part, ups, basis, args)
+
+    def _prepare(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None, *,
+                 before_waiting: Callable[[], None]) -> Outcome | _Prepared:
+        """Steps 1-5 of the protocol for one partition: its skip, or its attempt computed and
+        graded with its lease held (:class:`_Prepared`, finished by :meth:`_flush`); the lease
+        waited for if another run holds it (``before_waiting`` called first)."""
+        decided = self._decide(phase, part)
+        if isinstance(decided, Outcome):
+            return decided
 
         waited_before = False
 
@@ -465,16 +637,24 @@ class PhaseRunner:
 
         lease = contextlib.ExitStack()
         lease.enter_context(self.ledger.lease(part.key, phase.name, timeout_s=self.lease_timeout_s, on_wait=waiting))
-        claim: Claim | None = None
         try:
-            decision = self.ledger.claim(**args)
-            if decision.skip:
-                assert decision.head is not None
-                lease.close()
-                self.outcome_log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
-                return Outcome(phase.name, part.key, "SKIPPED", decision.head)
-            claim = decision.claim
-            assert claim is not None
+            decision = self.ledger.claim(**decided.args)
+        except BaseException as exc:
+            lease.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        if decision.skip:
+            assert decision.head is not None
+            lease.close()
+            self.outcome_log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
+            return Outcome(phase.name, part.key, "SKIPPED", decision.head)
+        assert decision.claim is not None
+        return self._attempt(_Claimed(decided, decision.claim, lease), compute, grader)
+
+    def _attempt(self, c: _Claimed, compute: Compute, grader: Grader | None) -> _Prepared:
+        """Step 5 for a claimed partition: computed and graded, its lease held; on an error its
+        failure is recorded and its lease let go."""
+        phase, part, claim = c.ready.phase, c.part, c.claim
+        try:
             _log.info("%s %s: attempt %s (seq %s)", phase.name, part.key, claim.checkpoint.attempt, claim.seq)
             faults.check("after_lease", phase=phase.name, partition_key=part.key)
             if self.force is not None and phase.name == self.force.from_phase:
@@ -482,14 +662,13 @@ class PhaseRunner:
                 self.ledger.record_action("force", part.key, phase=phase.name, actor=self.force.by,
                                           reason=self.force.reason,
                                           detail={"force_id": self.force.id, "run_id": self.run_id})
-            ctx = PhaseContext(self, phase, part, ups, claim)
+            ctx = PhaseContext(self, phase, part, c.ready.ups, claim)
             out, checks, hashes = self._compute(ctx, compute, grader)
         except BaseException as exc:
-            if claim is not None:
-                self._record_failure(claim, exc)
-            lease.__exit__(type(exc), exc, exc.__traceback__)
+            self._record_failure(claim, exc)
+            c.lease.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        return _Prepared(ctx, claim, basis, out, checks, hashes, lease)
+        return _Prepared(ctx, claim, c.ready.basis, out, checks, hashes, c.lease)
 
     def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Steps 6-8 for the partitions held: their tables written (together when several), then
@@ -560,18 +739,25 @@ class PhaseRunner:
             raise bug
         return transient
 
-    def _abandon(self, held: list[_Prepared]) -> None:
-        """Let go of partitions computed but not finished (an interrupt ends the step): each
-        recorded FAILED, not counted toward its dead letter, and its lease let go."""
-        for p in held:
+    def _abandon(self, held: list[_Prepared] | list[_Claimed], *, computed: bool = True) -> None:
+        """Let go of partitions claimed but not finished (an interrupt, a bug or a transient error
+        ends the step): each recorded FAILED, not counted toward its dead letter, and its lease
+        let go. ``computed``: whether they were computed (held for the write together) or only
+        claimed."""
+        message = ("not finished: the range step was interrupted" if computed
+                   else "not started: the range step ended before its turn")
+        for p in list(held):
+            phase, key = (p.ctx.phase.name, p.ctx.partition.key) if isinstance(p, _Prepared) else (
+                p.ready.phase.name, p.part.key)
             try:
                 self.ledger.fail(p.claim, error_class="RangeAbandoned", run_id=self.run_id, counts=False,
-                                 error_message="not finished: the range step was interrupted")
-                self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
+                                 error_message=message)
+                self.ledger.tell_watchers(phase, key, "FAILED")
             except Exception as inner:  # noqa: BLE001 - the next one is let go all the same
                 self.log(f"could not record the failure in the ledger: {inner}")
             finally:
-                _let_go(p, None, log=self.log)
+                _let_go_lease(p.lease, None, log=self.log, what=f"{phase} {key}")
+        held.clear()
 
     def _write_together(self, held: list[_Prepared]) -> dict[tuple[str, str], WriteResult]:
         """Each table of the phase written once for the partitions held that have not written it

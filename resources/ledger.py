@@ -559,6 +559,97 @@ class Ledger:
 
         return self._run(txn, what=f"claim {phase} of {partition_key}")
 
+    def claim_all(self, requests: list[dict[str, Any]]) -> list[Decision]:
+        """:meth:`claim` for several (partition, phase) pairs in one transaction, each under its
+        lease (held by the caller); each one's decision, in their order. ``requests``: the
+        keyword arguments :meth:`claim` takes, one dict each.
+
+        Each pair is decided exactly as :meth:`claim` decides it, on its head locked; the heads
+        that new work supersedes are marked in one statement, the new attempts inserted in one
+        (a new ``checkpoint_seq`` number each), and the events written in one, so the partition
+        states are refreshed once for all and the transaction commits (durably) once.
+        """
+        if len(requests) == 1:
+            return [self.claim(**requests[0])]
+        keys = [idempotency_key(r["partition_key"], r["phase"], r["input_hash"]) for r in requests]
+
+        def txn(conn: psycopg.Connection) -> list[Decision]:
+            with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                locked = cur.execute(
+                    "SELECT c.* FROM checkpoints c JOIN unnest(%s::text[], %s::text[]) AS k(partition_key, phase)"
+                    " USING (partition_key, phase) WHERE c.superseded_at IS NULL"
+                    " ORDER BY c.partition_key, c.phase FOR UPDATE OF c",
+                    ([r["partition_key"] for r in requests], [r["phase"] for r in requests]),
+                ).fetchall()
+            heads = {(cp.partition_key, cp.phase): cp for cp in locked}
+            decisions: list[Decision | None] = [None] * len(requests)
+            events: list[tuple[Checkpoint, str, dict[str, Any] | None]] = []
+            fresh: list[int] = []  # requests that start new work
+            for i, (r, key) in enumerate(zip(requests, keys, strict=True)):
+                head = heads.get((r["partition_key"], r["phase"]))
+                own = head if head is not None and head.idempotency_key == key else None
+                if own is not None and own.status == "COMPLETED" and own.schema_version == r["schema_version"]:
+                    events.append((own, "SKIPPED", None))
+                    decisions[i] = Decision(skip=True, head=own)
+                elif own is not None and own.schema_version == r["schema_version"]:
+                    cp = self._take_over_txn(conn, own, r["run_id"])
+                    events.append((cp, "PENDING", {"superseded": None}))
+                    decisions[i] = Decision(skip=False, head=cp, claim=Claim(cp, self._recorded_txn(conn, cp)))
+                else:
+                    fresh.append(i)
+            superseded = [heads[(requests[i]["partition_key"], requests[i]["phase"])].id for i in fresh
+                          if (requests[i]["partition_key"], requests[i]["phase"]) in heads]
+            if superseded:
+                conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = ANY(%s)", (superseded,))
+            if fresh:
+                rows = [{"partition": requests[i]["partition_key"], "region": requests[i]["region_id"],
+                         "day": requests[i]["day"], "phase": requests[i]["phase"],
+                         "input_hash": requests[i]["input_hash"], "key": keys[i],
+                         "schema": requests[i]["schema_version"], "code": requests[i]["code_version"],
+                         "run": requests[i]["run_id"]} for i in fresh]
+                with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
+                    made = cur.execute(
+                        "WITH v AS (SELECT x.*, nextval('checkpoint_seq') AS s FROM jsonb_to_recordset(%s)"
+                        "  AS x(partition text, region text, day text, phase text, input_hash text, key text,"
+                        "  schema integer, code text, run text))"
+                        " INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
+                        " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
+                        " SELECT partition, region, day, phase, input_hash, key, 'PENDING', schema, code, s, s, run"
+                        " FROM v RETURNING *",
+                        (Jsonb(rows),),
+                    ).fetchall()
+                by_key = {cp.idempotency_key: cp for cp in made}
+                for i in fresh:
+                    cp = by_key[keys[i]]
+                    head = heads.get((requests[i]["partition_key"], requests[i]["phase"]))
+                    events.append((cp, "PENDING", {"superseded": head.id if head is not None else None}))
+                    decisions[i] = Decision(skip=False, head=cp, claim=Claim(cp, {}))
+            self._events_txn(conn, events, requests[0]["run_id"])
+            return [d for d in decisions if d is not None]
+
+        return self._run(txn, what=f"claim {len(requests)} {requests[0]['phase']} attempts")
+
+    @staticmethod
+    def _events_txn(conn: psycopg.Connection, events: list[tuple[Checkpoint, str, dict[str, Any] | None]],
+                    run_id: str | None) -> None:
+        """Several checkpoint events and their NOTIFYs in one statement (:meth:`_event_txn` each)."""
+        if not events:
+            return
+        rows = [{"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
+                 "status": status, "input_hash": cp.input_hash, "seq": cp.seq, "attempt": cp.attempt, "tier": cp.tier,
+                 "detail": detail or {}, "n": n} for n, (cp, status, detail) in enumerate(events)]
+        conn.execute(
+            "WITH ev AS (INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
+            " input_hash, seq, attempt, tier, run_id, detail)"
+            " SELECT x.id, x.partition, x.region, x.day, x.phase, x.status, x.input_hash, x.seq, x.attempt, x.tier,"
+            " %(run)s, x.detail FROM jsonb_to_recordset(%(rows)s) AS x(id bigint, partition text,"
+            " region text, day text, phase text, status text, input_hash text, seq bigint, attempt integer,"
+            " tier integer, detail jsonb, n bigint) ORDER BY x.n"
+            " RETURNING partition_key, phase, status)"
+            " SELECT pg_notify('stormlake_events', partition_key || '|' || phase || '|' || status) FROM ev",
+            {"rows": Jsonb(rows), "run": run_id},
+        )
+
     @staticmethod
     def _take_over_txn(conn: psycopg.Connection, own: Checkpoint, run_id: str | None) -> Checkpoint:
         """The same work, whose earlier attempt failed or died: PENDING again under a new token."""

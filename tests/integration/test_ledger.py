@@ -31,6 +31,47 @@ def test_a_writer_whose_lease_was_taken_over_cannot_commit(ledger: Ledger) -> No
     assert ledger.head(KEY, "correlate").state_hash == "s2"
 
 
+def test_attempts_claimed_together_are_decided_as_each_alone(ledger: Ledger) -> None:
+    """``claim_all`` decides each pair as ``claim`` would, in one transaction: a new partition
+    gets a new attempt, a COMPLETED head on the same inputs a skip, a FAILED attempt of the same
+    work is taken over (its recorded calls kept), a head on other inputs is superseded."""
+    def args(key: str, ih: str) -> dict:
+        return {**ARGS, "partition_key": key, "region_id": key.split("|")[1], "input_hash": ih}
+
+    new, same, failed, other = (f"2026-09-0{d}|gulf_coast" for d in (1, 2, 3, 4))
+    done = ledger.claim(**args(same, "h1")).claim
+    ledger.complete(done, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
+    broken = ledger.claim(**args(failed, "h1")).claim
+    ledger.record_call(broken, call_key="delta_commit:t:1", kind="delta_commit", name="t", input={}, output={"v": 1})
+    ledger.fail(broken, error_class="X", error_message="boom", run_id="r")
+    old = ledger.claim(**args(other, "h1")).claim
+    ledger.complete(old, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
+
+    out = ledger.claim_all([args(new, "h1"), args(same, "h1"), args(failed, "h1"), args(other, "h2")])
+    assert [d.skip for d in out] == [False, True, False, False]
+    assert out[1].head.id == done.id and out[1].claim is None
+    taken = out[2].claim
+    assert taken.id == broken.id and taken.checkpoint.attempt == 2 and taken.seq > broken.seq
+    assert taken.recorded == {"delta_commit:t:1": {"v": 1}}
+    fresh = [out[0].claim, out[3].claim]
+    assert all(c.checkpoint.status == "PENDING" and c.checkpoint.first_seq == c.seq and c.recorded == {}
+               for c in fresh)
+    assert len({c.seq for c in (*fresh, taken)}) == 3
+    assert ledger.head(other, "correlate").id == fresh[1].id  # the old head is superseded
+    assert query(ledger, "SELECT superseded_at IS NOT NULL AS s FROM checkpoints WHERE id = %s", (old.id,))[0]["s"]
+    events = [(e["partition_key"], e["status"], e["detail"]) for e in query(
+        ledger, "SELECT partition_key, status, detail FROM checkpoint_events WHERE run_id = 'r' AND event_id >"
+                " (SELECT max(event_id) FROM checkpoint_events WHERE checkpoint_id = %s) ORDER BY event_id", (old.id,))]
+    assert events == [(same, "SKIPPED", {}), (failed, "PENDING", {"superseded": None}),
+                      (new, "PENDING", {"superseded": None}), (other, "PENDING", {"superseded": old.id})]
+    states = {r["partition_key"]: r["status"] for r in query(
+        ledger, "SELECT partition_key, phases->'correlate'->>'status' AS status FROM partition_state")}
+    assert states == {new: "PENDING", same: "COMPLETED", failed: "PENDING", other: "PENDING"}
+    # Each claimed attempt commits as any other.
+    for c in (*fresh, taken):
+        ledger.complete(c, state_hash="s2", summary={}, tier=3, tier_label="correlated", run_id="r")
+
+
 def test_checkpoints_committed_together_are_each_fenced_on_their_own(ledger: Ledger) -> None:
     """``complete_all`` commits the attempts that still hold their lease in one statement, each as
     ``complete`` would (its recorded calls, its COMPLETED event, the partition's state), and

@@ -25,6 +25,7 @@ from assets.phases import ENRICH, INGEST
 from assets.runner import Force, Outcome, PhaseRunner
 from resources.errors import InjectedFault
 from resources.ledger import Ledger
+from tests.ledger_sql import query
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
@@ -76,6 +77,12 @@ def test_a_range_writes_each_table_once_and_every_partition_gets_its_own_rows(ru
         assert {o.checkpoint.summary["delta_versions"][table] for o in outcomes} == {1}
         assert all(o.checkpoint.summary["delta_written"][table] for o in outcomes)
     _assert_each_partition_holds_what_it_computed(runner, outcomes)
+    # The first partition is claimed alone (its size unknown); once it is known to be small, the
+    # others are claimed together, in one transaction (their PENDING events share its time).
+    claimed = query(runner.ledger, "SELECT partition_key, at FROM checkpoint_events WHERE status = 'PENDING'"
+                                   " ORDER BY event_id")
+    assert [c["partition_key"] for c in claimed] == KEYS
+    assert claimed[0]["at"] < claimed[1]["at"] and len({c["at"] for c in claimed[1:]}) == 1
     enriched = [r for _, r in runner.run_range(ENRICH, _parts(runner), enrich.compute, enrich.grade)]
     assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in enriched), enriched
     assert _commits(runner, "outages_enriched") == 1
@@ -201,8 +208,14 @@ def test_a_bug_in_one_partition_is_raised_after_the_partitions_held_are_finished
     heads = {k: ledger.head(k, "ingest") for k in KEYS}
     assert [heads[k].status for k in KEYS[:3]] == ["COMPLETED", "COMPLETED", "FAILED"], heads
     assert heads[KEYS[2]].error_class == "ValueError"
-    assert heads[KEYS[3]] is None  # the range ended with the bug: never claimed
+    # Claimed with the third, never computed: let go, FAILED without counting toward a dead letter.
+    assert (heads[KEYS[3]].status, heads[KEYS[3]].error_class, heads[KEYS[3]].failures) == (
+        "FAILED", "RangeAbandoned", 0)
     assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # the two held, together
+    assert _advisory_locks(ledger) == 0
+    # The next run takes it over and finishes it.
+    again = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
+    assert again[KEYS[3]].status == "COMPLETED" and again[KEYS[3]].checkpoint.attempt == 2
     assert _advisory_locks(ledger) == 0
 
 
