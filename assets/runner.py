@@ -357,23 +357,28 @@ class PhaseRunner:
             return False
         return self.input_hash(phase, part, {name: heads[name] for name in phase.upstream_phases}, prior=cp)[0] == cp.input_hash
 
-    def prefetch(self, phase: Phase, part: PartitionRef) -> None:
+    def prefetch(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint] | None = None) -> None:
         """Start reading the partition's inputs for ``phase`` in the background, if it has work.
 
         Called by a range step for the next partition while it computes the current one, and
         by the CLI for the first partition of a run it is about to launch. Only
         when every upstream phase is COMPLETED and this phase would not skip; any doubt (the
-        ledger unreachable) just means no prefetch: the phase reads as usual.
+        ledger unreachable) just means no prefetch: the phase reads as usual. ``ups``: the
+        upstream checkpoints of an attempt claimed already (it has work; nothing is read from
+        the ledger).
         """
         if not phase.input_tables:
             return
-        try:
-            heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
-            if (any(name not in heads or heads[name].status != "COMPLETED" for name in phase.upstream_phases)
-                    or self._would_skip(phase, part, heads)):
+        if ups is not None:
+            heads = ups
+        else:
+            try:
+                heads = {cp.phase: cp for cp in self.ledger.heads([part.key])}
+                if (any(name not in heads or heads[name].status != "COMPLETED" for name in phase.upstream_phases)
+                        or self._would_skip(phase, part, heads)):
+                    return
+            except StormlakeError:
                 return
-        except StormlakeError:
-            return
         for table in phase.input_tables:
             summary = heads[TABLE_PHASE[table]].summary
             self.lake.prefetch(table, part.region.region_id, part.day, version=summary["delta_versions"][table],
@@ -461,9 +466,11 @@ class PhaseRunner:
                     claimed, busy, stop = self._claim_all(phase, ready, results)
                 while claimed and not stop:
                     c = claimed.pop(0)
-                    following = [x.part for x in claimed] + busy + parts[i:i + 1]
-                    if following:
-                        self.prefetch(phase, following[0])  # read the next partition while this one computes
+                    # Read the next partition while this one computes.
+                    if claimed:
+                        self.prefetch(phase, claimed[0].part, ups=claimed[0].ready.ups)
+                    elif following := busy[:1] or parts[i:i + 1]:
+                        self.prefetch(phase, following[0])
                     try:
                         prepared = self._attempt(c, compute, grader)
                     except StormlakeError as exc:
@@ -607,7 +614,11 @@ class PhaseRunner:
         args = dict(partition_key=part.key, region_id=part.region.region_id, day=part.day, phase=phase.name,
                     input_hash=ih, schema_version=phase.schema_version, code_version=phase.code_version,
                     run_id=self.run_id)
-        look = self.ledger.look(**args)
+        if heads is None:
+            look = self.ledger.look(**args)
+        else:  # the heads were read for a group of partitions just now: the look needs no query
+            look = Ledger.look_at(prior, partition_key=part.key, phase=phase.name, input_hash=ih,
+                                  schema_version=phase.schema_version)
         self._refuse_dead_letter(phase, part, look.head, ih)
         if look.skip:
             assert look.head is not None

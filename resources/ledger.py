@@ -528,6 +528,20 @@ class Ledger:
 
         return self._run(txn, what=f"look at {phase} of {partition_key}", single=True)
 
+    @staticmethod
+    def look_at(head: Checkpoint | None, *, partition_key: str, phase: str, input_hash: str,
+                schema_version: int) -> Decision:
+        """:meth:`look`'s answer from the (partition, phase) head read already (``None``: none).
+
+        The live checkpoint with the attempt's idempotency key, if there is one, is that head
+        (a key names one partition and phase, which have one live checkpoint).
+        """
+        key = idempotency_key(partition_key, phase, input_hash)
+        own = head if head is not None and head.idempotency_key == key else None
+        if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
+            return Decision(skip=True, head=own)
+        return Decision(skip=False, head=head)
+
     def claim(self, *, partition_key: str, region_id: str, day: str, phase: str, input_hash: str,
               schema_version: int, code_version: str, run_id: str | None) -> Decision:
         """Under the lease: record a skip when the phase is current, else claim the attempt (a new

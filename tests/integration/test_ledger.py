@@ -47,7 +47,12 @@ def test_attempts_claimed_together_are_decided_as_each_alone(ledger: Ledger) -> 
     old = ledger.claim(**args(other, "h1")).claim
     ledger.complete(old, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
 
-    out = ledger.claim_all([args(new, "h1"), args(same, "h1"), args(failed, "h1"), args(other, "h2")])
+    requests = [args(new, "h1"), args(same, "h1"), args(failed, "h1"), args(other, "h2")]
+    # A look from the heads read already says what the ledger's own look says.
+    for r in requests:
+        assert Ledger.look_at(ledger.head(r["partition_key"], "correlate"), partition_key=r["partition_key"],
+                              phase="correlate", input_hash=r["input_hash"], schema_version=1) == ledger.look(**r)
+    out = ledger.claim_all(requests)
     assert [d.skip for d in out] == [False, True, False, False]
     assert out[1].head.id == done.id and out[1].claim is None
     taken = out[2].claim
