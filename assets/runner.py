@@ -474,8 +474,7 @@ class PhaseRunner:
                     try:
                         prepared = self._attempt(c, compute, grader)
                     except StormlakeError as exc:
-                        self.ledger.tell_watchers(phase.name, c.part.key, "FAILED")
-                        results[c.part.key] = exc
+                        self._note(phase, c.part, exc, results)
                         stop = exc.transient
                         continue
                     except BaseException:
@@ -519,17 +518,24 @@ class PhaseRunner:
             prepared = self._prepare(phase, part, compute, grader,
                                      before_waiting=lambda: self._flush(pending, results))
         except StormlakeError as exc:
-            self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-            results[part.key] = exc
+            self._note(phase, part, exc, results)
             return exc.transient
         except BaseException:
             self.ledger.tell_watchers(phase.name, part.key, "FAILED")
             raise
         if isinstance(prepared, Outcome):
-            self.ledger.tell_watchers(phase.name, part.key, prepared.status, prepared.delivered)
-            results[part.key] = prepared
+            self._note(phase, part, prepared, results)
             return False
         return self._hold(prepared, pending, results)
+
+    def _note(self, phase: Phase, part: PartitionRef, result: Outcome | StormlakeError,
+              results: dict[str, Outcome | StormlakeError]) -> None:
+        """A partition's outcome or error, told to the watchers and kept for the step."""
+        if isinstance(result, Outcome):
+            self.ledger.tell_watchers(phase.name, part.key, result.status, result.delivered)
+        else:
+            self.ledger.tell_watchers(phase.name, part.key, "FAILED")
+        results[part.key] = result
 
     def _decide_all(self, phase: Phase, group: list[PartitionRef],
                     results: dict[str, Outcome | StormlakeError]) -> tuple[list[_Ready], bool]:
@@ -545,8 +551,7 @@ class PhaseRunner:
                 decided = self._decide(phase, part, None if heads is None else
                                        [cp for cp in heads if cp.partition_key == part.key])
             except StormlakeError as exc:
-                self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                results[part.key] = exc
+                self._note(phase, part, exc, results)
                 if exc.transient:
                     return ready, True
                 continue
@@ -554,8 +559,7 @@ class PhaseRunner:
                 self.ledger.tell_watchers(phase.name, part.key, "FAILED")
                 raise
             if isinstance(decided, Outcome):
-                self.ledger.tell_watchers(phase.name, part.key, decided.status, decided.delivered)
-                results[part.key] = decided
+                self._note(phase, part, decided, results)
             else:
                 ready.append(decided)
         return ready, False
@@ -587,8 +591,7 @@ class PhaseRunner:
         except StormlakeError as exc:
             let_all_go(exc)
             for r, _ in leased:
-                self.ledger.tell_watchers(phase.name, r.part.key, "FAILED")
-                results[r.part.key] = exc
+                self._note(phase, r.part, exc, results)
             return [], busy, exc.transient
         except BaseException as exc:
             let_all_go(exc)
@@ -599,9 +602,7 @@ class PhaseRunner:
                 assert decision.head is not None
                 lease.close()
                 self.outcome_log(f"{phase.name} {r.part.key}: SKIPPED (completed by another run meanwhile)")
-                outcome = Outcome(phase.name, r.part.key, "SKIPPED", decision.head)
-                self.ledger.tell_watchers(phase.name, r.part.key, outcome.status, outcome.delivered)
-                results[r.part.key] = outcome
+                self._note(phase, r.part, Outcome(phase.name, r.part.key, "SKIPPED", decision.head), results)
                 continue
             assert decision.claim is not None
             claimed.append(_Claimed(r, decision.claim, lease))

@@ -552,39 +552,20 @@ class Ledger:
         event; the COMPLETED checkpoint itself is untouched. An earlier attempt of the same work
         (failed or dead) is taken over with a new token; other work supersedes the head.
         """
-        key = idempotency_key(partition_key, phase, input_hash)
-
-        def txn(conn: psycopg.Connection) -> Decision:
-            head = self._head_txn(conn, partition_key, phase, lock=True)
-            own = head if head is not None and head.idempotency_key == key else None
-            if own is not None and own.status == "COMPLETED" and own.schema_version == schema_version:
-                self._event_txn(conn, own, "SKIPPED", run_id)
-                return Decision(skip=True, head=own)
-            if own is not None and own.schema_version == schema_version:
-                cp = self._take_over_txn(conn, own, run_id)
-                recorded = self._recorded_txn(conn, cp)
-            else:
-                cp = self._new_attempt_txn(conn, head, run_id, {
-                    "partition": partition_key, "region": region_id, "day": day, "phase": phase,
-                    "input_hash": input_hash, "key": key, "schema": schema_version, "code": code_version})
-                recorded = {}  # a new checkpoint row: no attempt of it has recorded a call yet
-            self._event_txn(conn, cp, "PENDING", run_id, {"superseded": head.id if head and head.id != cp.id else None})
-            return Decision(skip=False, head=cp, claim=Claim(cp, recorded))
-
-        return self._run(txn, what=f"claim {phase} of {partition_key}")
+        return self.claim_all([dict(partition_key=partition_key, region_id=region_id, day=day, phase=phase,
+                                    input_hash=input_hash, schema_version=schema_version,
+                                    code_version=code_version, run_id=run_id)])[0]
 
     def claim_all(self, requests: list[dict[str, Any]]) -> list[Decision]:
-        """:meth:`claim` for several (partition, phase) pairs in one transaction, each under its
-        lease (held by the caller); each one's decision, in their order. ``requests``: the
+        """:meth:`claim` for one or several (partition, phase) pairs in one transaction, each under
+        its lease (held by the caller); each one's decision, in their order. ``requests``: the
         keyword arguments :meth:`claim` takes, one dict each.
 
-        Each pair is decided exactly as :meth:`claim` decides it, on its head locked; the heads
+        Each pair is decided as :meth:`claim` describes, on its head locked; the heads
         that new work supersedes are marked in one statement, the new attempts inserted in one
         (a new ``checkpoint_seq`` number each), and the events written in one, so the partition
         states are refreshed once for all and the transaction commits (durably) once.
         """
-        if len(requests) == 1:
-            return [self.claim(**requests[0])]
         keys = [idempotency_key(r["partition_key"], r["phase"], r["input_hash"]) for r in requests]
 
         def txn(conn: psycopg.Connection) -> list[Decision]:
@@ -641,7 +622,9 @@ class Ledger:
             self._events_txn(conn, events, requests[0]["run_id"])
             return [d for d in decisions if d is not None]
 
-        return self._run(txn, what=f"claim {len(requests)} {requests[0]['phase']} attempts")
+        first = requests[0]
+        return self._run(txn, what=f"claim {first['phase']} of {first['partition_key']}" if len(requests) == 1
+                         else f"claim {len(requests)} {first['phase']} attempts")
 
     @staticmethod
     def _events_txn(conn: psycopg.Connection, events: list[tuple[Checkpoint, str, dict[str, Any] | None]],
@@ -673,25 +656,6 @@ class Ledger:
                 " run_id = %(run)s, error_class = NULL, error_message = NULL, updated_at = now()"
                 " WHERE id = %(id)s RETURNING *",
                 {"run": run_id, "id": own.id},
-            ).fetchone()
-        assert cp is not None
-        return cp
-
-    @staticmethod
-    def _new_attempt_txn(conn: psycopg.Connection, head: Checkpoint | None, run_id: str | None,
-                         row: dict[str, Any]) -> Checkpoint:
-        """New work for the (partition, phase): the head (if any) is superseded by a PENDING row,
-        whose first and current token are one new number of ``checkpoint_seq``."""
-        if head is not None:
-            conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = %(id)s", {"id": head.id})
-        with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
-            cp = cur.execute(
-                "WITH s AS (SELECT nextval('checkpoint_seq') AS seq)"
-                " INSERT INTO checkpoints (partition_key, region_id, day, phase, input_hash,"
-                " idempotency_key, status, schema_version, code_version, first_seq, seq, run_id)"
-                " SELECT %(partition)s, %(region)s, %(day)s, %(phase)s, %(input_hash)s, %(key)s,"
-                " 'PENDING', %(schema)s, %(code)s, s.seq, s.seq, %(run)s FROM s RETURNING *",
-                {**row, "run": run_id},
             ).fetchone()
         assert cp is not None
         return cp
