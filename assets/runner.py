@@ -33,7 +33,7 @@ from assets.hashing import hash_json, table_hash
 from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
 from resources import faults
-from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
+from resources.errors import ConfigError, GraderError, LeaseTimeout, LedgerUnavailable, StormlakeError
 from resources.lake import Lake, PartitionWrite, WriteResult, at_once
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Ledger
@@ -193,14 +193,6 @@ def _let_go_lease(lease: contextlib.ExitStack, exc: BaseException | None, *, log
     except Exception as inner:  # noqa: BLE001 - the lock dies with its session
         if log is not None:
             log(f"{what}: releasing the lease failed ({inner})")
-
-
-class _Busy(Exception):  # noqa: N818 - a signal, not an error
-    """The lease is held by another run (raised by :func:`_busy` at the first wait)."""
-
-
-def _busy(_waited: float) -> None:
-    raise _Busy
 
 
 @dataclass(frozen=True)
@@ -431,8 +423,9 @@ class PhaseRunner:
         together, and their tables are written together. The first partition is claimed alone;
         once its size is known, the next ones are claimed as many at a time as would be written
         together (their heads read in one query, each lease taken if free, their attempts
-        claimed in one transaction, :meth:`Ledger.claim_all`), then computed one by one. Up to :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at
-        most :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
+        claimed in one transaction, :meth:`Ledger.claim_all`), then computed one by one. Up to
+        :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at most
+        :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
         transaction per partition), each partition records its calls and delivers, and their
         checkpoints commit in one statement (each fenced on its own). A Delta commit costs
@@ -541,15 +534,18 @@ class PhaseRunner:
                     results: dict[str, Outcome | StormlakeError]) -> tuple[list[_Ready], bool]:
         """Steps 1-3 for a group of partitions (their heads read at once): the ones with work,
         and whether a transient error ends the range. A skip or an error goes to ``results``."""
-        try:
-            heads = self.ledger.heads([part.key for part in group]) if len(group) > 1 else None
-        except StormlakeError:
-            heads = None  # each reads its own, and meets the error itself
+        heads: dict[str, list[Checkpoint]] | None = None
+        if len(group) > 1:
+            try:
+                heads = {part.key: [] for part in group}
+                for cp in self.ledger.heads(list(heads)):
+                    heads[cp.partition_key].append(cp)
+            except StormlakeError:
+                heads = None  # each reads its own, and meets the error itself
         ready: list[_Ready] = []
         for part in group:
             try:
-                decided = self._decide(phase, part, None if heads is None else
-                                       [cp for cp in heads if cp.partition_key == part.key])
+                decided = self._decide(phase, part, None if heads is None else heads[part.key])
             except StormlakeError as exc:
                 self._note(phase, part, exc, results)
                 if exc.transient:
@@ -581,9 +577,8 @@ class PhaseRunner:
             for r in ready:
                 lease = contextlib.ExitStack()
                 try:
-                    lease.enter_context(self.ledger.lease(r.part.key, phase.name, timeout_s=self.lease_timeout_s,
-                                                          on_wait=_busy))
-                except _Busy:
+                    lease.enter_context(self.ledger.lease(r.part.key, phase.name, timeout_s=0))  # if it is free
+                except LeaseTimeout:
                     busy.append(r.part)
                     continue
                 leased.append((r, lease))
@@ -705,12 +700,12 @@ class PhaseRunner:
             self._record_failure(p.claim, exc)
             del unsettled[id(p)]
             _let_go(p, exc, log=self.log)
-            self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
             if isinstance(exc, StormlakeError):
-                results[p.ctx.partition.key] = exc
+                self._note(p.ctx.phase, p.ctx.partition, exc, results)
                 transient = transient or exc.transient
-            elif bug is None:
-                bug = exc
+            else:
+                self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
+                bug = bug or exc
 
         try:
             together = self._write_together(held) if len(held) > 1 else {}
@@ -739,11 +734,9 @@ class PhaseRunner:
                 try:
                     faults.check("after_checkpoint", phase=phase.name, partition_key=part.key)
                 except StormlakeError as exc:
-                    self.ledger.tell_watchers(phase.name, part.key, "FAILED")
-                    results[part.key] = exc
+                    self._note(phase, part, exc, results)
                     continue
-                self.ledger.tell_watchers(phase.name, part.key, outcome.status, outcome.delivered)
-                results[part.key] = outcome
+                self._note(phase, part, outcome, results)
         except BaseException:
             self._abandon(list(unsettled.values()))
             raise

@@ -494,19 +494,11 @@ class Ledger:
 
         return self._run(q, what="read checkpoints", single=True)
 
-    @staticmethod
-    def _event_txn(conn: psycopg.Connection, cp: Checkpoint, status: str, run_id: str | None,
+    @classmethod
+    def _event_txn(cls, conn: psycopg.Connection, cp: Checkpoint, status: str, run_id: str | None,
                    detail: dict[str, Any] | None = None) -> None:
-        # The event and its NOTIFY in one statement: one round trip.
-        conn.execute(
-            "WITH ev AS (INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
-            " input_hash, seq, attempt, tier, run_id, detail) VALUES (%(id)s, %(partition)s, %(region)s,"
-            " %(day)s, %(phase)s, %(status)s, %(input_hash)s, %(seq)s, %(attempt)s, %(tier)s, %(run)s, %(detail)s)"
-            " RETURNING 1) SELECT pg_notify('stormlake_events', %(note)s) FROM ev",
-            {"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
-             "status": status, "input_hash": cp.input_hash, "seq": cp.seq, "attempt": cp.attempt, "tier": cp.tier,
-             "run": run_id, "detail": Jsonb(detail or {}), "note": f"{cp.partition_key}|{cp.phase}|{status}"},
-        )
+        """One checkpoint event and its NOTIFY (:meth:`_events_txn` of one)."""
+        cls._events_txn(conn, [(cp, status, detail)], run_id)
 
     # The head of a (partition, phase) is found by the attempt's identity, its idempotency key
     # (partition, phase, input hash), which names at most one live checkpoint (a unique index).
@@ -579,7 +571,7 @@ class Ledger:
             heads = {(cp.partition_key, cp.phase): cp for cp in locked}
             decisions: list[Decision | None] = [None] * len(requests)
             events: list[tuple[Checkpoint, str, dict[str, Any] | None]] = []
-            fresh: list[int] = []  # requests that start new work
+            fresh: list[tuple[int, Checkpoint | None]] = []  # requests that start new work, and the head they supersede
             for i, (r, key) in enumerate(zip(requests, keys, strict=True)):
                 head = heads.get((r["partition_key"], r["phase"]))
                 own = head if head is not None and head.idempotency_key == key else None
@@ -591,9 +583,8 @@ class Ledger:
                     events.append((cp, "PENDING", {"superseded": None}))
                     decisions[i] = Decision(skip=False, head=cp, claim=Claim(cp, self._recorded_txn(conn, cp)))
                 else:
-                    fresh.append(i)
-            superseded = [heads[(requests[i]["partition_key"], requests[i]["phase"])].id for i in fresh
-                          if (requests[i]["partition_key"], requests[i]["phase"]) in heads]
+                    fresh.append((i, head))
+            superseded = [head.id for _, head in fresh if head is not None]
             if superseded:
                 conn.execute("UPDATE checkpoints SET superseded_at = now() WHERE id = ANY(%s)", (superseded,))
             if fresh:
@@ -601,7 +592,7 @@ class Ledger:
                          "day": requests[i]["day"], "phase": requests[i]["phase"],
                          "input_hash": requests[i]["input_hash"], "key": keys[i],
                          "schema": requests[i]["schema_version"], "code": requests[i]["code_version"],
-                         "run": requests[i]["run_id"]} for i in fresh]
+                         "run": requests[i]["run_id"]} for i, _ in fresh]
                 with conn.cursor(row_factory=class_row(Checkpoint)) as cur:
                     made = cur.execute(
                         "WITH v AS (SELECT x.*, nextval('checkpoint_seq') AS s FROM jsonb_to_recordset(%s)"
@@ -614,9 +605,8 @@ class Ledger:
                         (Jsonb(rows),),
                     ).fetchall()
                 by_key = {cp.idempotency_key: cp for cp in made}
-                for i in fresh:
+                for i, head in fresh:
                     cp = by_key[keys[i]]
-                    head = heads.get((requests[i]["partition_key"], requests[i]["phase"]))
                     events.append((cp, "PENDING", {"superseded": head.id if head is not None else None}))
                     decisions[i] = Decision(skip=False, head=cp, claim=Claim(cp, {}))
             self._events_txn(conn, events, requests[0]["run_id"])
@@ -629,7 +619,7 @@ class Ledger:
     @staticmethod
     def _events_txn(conn: psycopg.Connection, events: list[tuple[Checkpoint, str, dict[str, Any] | None]],
                     run_id: str | None) -> None:
-        """Several checkpoint events and their NOTIFYs in one statement (:meth:`_event_txn` each)."""
+        """Checkpoint events and their NOTIFYs, in their order, in one statement: one round trip."""
         if not events:
             return
         rows = [{"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
@@ -694,55 +684,20 @@ class Ledger:
         self._run(stmt, what=f"record the call {kind} {name}", single=True)
         claim.recorded[call_key] = output
 
-    _COMPLETE_SQL = (
-        "WITH upd AS ("
-        " UPDATE checkpoints SET status = 'COMPLETED', state_hash = %(state)s, summary = %(summary)s,"
-        "  tier = %(tier)s, tier_label = %(label)s, run_id = %(run)s, completed_at = now(), updated_at = now(),"
-        "  calls = coalesce((SELECT jsonb_agg(jsonb_build_object('key', call_key, 'kind', kind, 'name', name,"
-        "   'input', input, 'output', output, 'seq', seq) ORDER BY recorded_at, call_key)"
-        "   FROM recorded_calls WHERE checkpoint_id = %(id)s), '[]'::jsonb)"
-        " WHERE id = %(id)s AND seq = %(seq)s AND status = 'PENDING' AND superseded_at IS NULL RETURNING *"
-        "), ev AS ("
-        " INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
-        "  input_hash, seq, attempt, tier, run_id, detail)"
-        " SELECT id, partition_key, region_id, day, phase, 'COMPLETED', input_hash, seq, attempt, tier, run_id,"
-        "  jsonb_build_object('state_hash', state_hash) FROM upd RETURNING partition_key, phase"
-        ") SELECT upd.*, pg_notify('stormlake_events', ev.partition_key || '|' || ev.phase || '|COMPLETED') AS notified"
-        " FROM upd, ev"
-    )
-
     def complete(self, claim: Claim, *, state_hash: str, summary: dict[str, Any], tier: int,
                  tier_label: str, run_id: str | None) -> Checkpoint:
-        """Commit the checkpoint COMPLETED in one transaction, with its event and NOTIFY.
+        """Commit the checkpoint COMPLETED in one transaction, with its event and NOTIFY
+        (:meth:`complete_all` of one); :class:`FencingError` if the attempt lost its lease.
 
         The fenced UPDATE, the COMPLETED event and the NOTIFY are one data-modifying statement,
         sent alone on the autocommit session: one round trip. It commits without waiting for the
         WAL flush: see "Durability" in the class docs for why that is safe here and not for
         receipts.
         """
-
-        def stmt(conn: psycopg.Connection) -> Checkpoint:
-            with conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(self._COMPLETE_SQL, {  # type: ignore[arg-type]
-                    "state": state_hash, "summary": Jsonb(summary), "tier": tier, "label": tier_label,
-                    "run": run_id, "id": claim.id, "seq": claim.seq,
-                }).fetchone()
-            if row is None:
-                raise FencingError(
-                    f"{claim.checkpoint.phase} of {claim.checkpoint.partition_key}: attempt seq {claim.seq}"
-                    " lost its lease to a newer attempt; its result is not committed"
-                )
-            row.pop("notified", None)
-            return Checkpoint(**row)
-
-        try:
-            return self._run(stmt, what=f"commit the {claim.checkpoint.phase} checkpoint", single=True)
-        except FencingError:
-            # A retry after a lost reply finds its own commit already done: that is success.
-            head = self.head(claim.checkpoint.partition_key, claim.checkpoint.phase)
-            if head is not None and head.id == claim.id and head.seq == claim.seq and head.status == "COMPLETED":
-                return head
-            raise
+        (done,) = self.complete_all([(claim, state_hash, summary, tier, tier_label)], run_id)
+        if isinstance(done, FencingError):
+            raise done
+        return done
 
     _COMPLETE_ALL_SQL = (
         "WITH v AS ("
@@ -771,17 +726,10 @@ class Ledger:
         tier, tier_label)`` each; each one's COMPLETED checkpoint, or the :class:`FencingError` of
         an attempt that lost its lease (the others commit all the same), in their order.
 
-        Each checkpoint is what :meth:`complete` makes of it (the same fenced UPDATE, event and
-        NOTIFY), and the statement is one transaction, so the partition states are refreshed once
-        for all of them: a range step's partitions written together commit together.
+        Each UPDATE is fenced by its attempt's seq, and the statement is one transaction, so the
+        partition states are refreshed once for all of them: a range step's partitions written
+        together commit together.
         """
-        if len(items) == 1:
-            claim, state, summary, tier, label = items[0]
-            try:
-                return [self.complete(claim, state_hash=state, summary=summary, tier=tier, tier_label=label,
-                                      run_id=run_id)]
-            except FencingError as exc:
-                return [exc]
         payload = [{"id": claim.id, "seq": claim.seq, "state": state, "summary": summary, "tier": tier, "label": label}
                    for claim, state, summary, tier, label in items]
 
@@ -795,7 +743,9 @@ class Ledger:
                 done[row["id"]] = Checkpoint(**row)
             return done
 
-        done = self._run(stmt, what=f"commit {len(items)} {items[0][0].checkpoint.phase} checkpoints", single=True)
+        phase = items[0][0].checkpoint.phase
+        done = self._run(stmt, single=True, what=f"commit the {phase} checkpoint" if len(items) == 1
+                         else f"commit {len(items)} {phase} checkpoints")
         out: list[Checkpoint | FencingError] = []
         for claim, *_rest in items:
             cp = done.get(claim.id)
@@ -960,7 +910,8 @@ class Ledger:
 
         The lock dies with the connection, so a process killed while holding it releases it
         without an operator. Waiting polls, so a caller can show that it is waiting (``on_wait``,
-        called at each poll; its own time does not count toward ``timeout_s``).
+        called at each poll; its own time does not count toward ``timeout_s``). ``timeout_s=0``
+        asks once: :class:`LeaseTimeout` at once if another session holds it.
         """
         key = _lock_key("stormlake-lease", partition_key, phase)
         with self._open_lock:
@@ -980,7 +931,8 @@ class Ledger:
             delay = 0.05
             while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
                 waited = time.monotonic() - start
-                if waited > timeout_s:
+                if waited >= timeout_s:
+                    reusable = True  # it holds no lock: the session serves the next lease
                     raise LeaseTimeout(f"lease for {phase} of {partition_key} not granted within {timeout_s:.0f} s")
                 if on_wait:
                     began = time.monotonic()
