@@ -27,7 +27,7 @@ from resources.settings import Region
 if TYPE_CHECKING:
     from assets.runner import PhaseRunner
     from resources.landing import Landing
-    from resources.ledger import Checkpoint, Claim, Ledger
+    from resources.ledger import CallRecord, Checkpoint, Claim, Ledger
 
 
 class UpstreamNotReady(StormlakeError):
@@ -152,27 +152,72 @@ class PhaseContext(PhaseInputs):
     def call_all(self, kind: str, calls: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]]
                  ) -> list[dict[str, Any]]:
         """Several outside calls of one kind, ``(name, input, fn)`` each, made at once
-        (:func:`resources.lake.at_once`) and then recorded one by one in the given order, each as
-        :meth:`call` records it (an earlier attempt's record answers instead). When calls fail,
-        the ones that succeeded before the first failure are recorded, then that failure is raised;
-        a call that succeeded but is not recorded is made again by the next attempt, so ``fn``
-        must be idempotent (a Delta write is: its app transaction finds the earlier commit). One
-        call runs on the calling thread."""
+        (:func:`resources.lake.at_once`) and then recorded in one statement, in the given order,
+        each as :meth:`call` records it (an earlier attempt's record answers instead). When calls
+        fail, the ones that succeeded before the first failure are recorded, then that failure is
+        raised; a call that succeeded but is not recorded is made again by the next attempt, so
+        ``fn`` must be idempotent (a Delta write is: its app transaction finds the earlier
+        commit). One call runs on the calling thread."""
+        made = self.make_calls(kind, calls)
+        fenced = self.ledger.record_calls(made.records())
+        return made.outputs(next((f for f in fenced if f is not None), None))
+
+    def make_calls(self, kind: str, calls: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]]
+                   ) -> MadeCalls:
+        """The first half of :meth:`call_all`: the calls made (those an earlier attempt recorded
+        answered from the record), not yet recorded. A range step records the writes of all the
+        partitions it holds in one statement (:meth:`Ledger.record_calls`), then finishes each
+        partition's (:meth:`MadeCalls.outputs`)."""
         assert self.claim is not None
         keys = [call_key(kind, name, input) for name, input, _fn in calls]
         todo = [i for i, key in enumerate(keys) if key not in self.claim.recorded]
         made = dict(zip(todo, at_once([calls[i][2] for i in todo]), strict=True))
+        return MadeCalls(self, kind, [(name, input) for name, input, _fn in calls], keys, made)
+
+
+@dataclass
+class MadeCalls:
+    """Outside calls of one kind an attempt made (:meth:`PhaseContext.make_calls`), to record and
+    then hand out: each call's output or exception (``made``, by position), or the earlier
+    attempt's record for those not made."""
+
+    ctx: PhaseContext
+    kind: str
+    calls: list[tuple[str, dict[str, Any]]]  # (name, input), in order
+    keys: list[str]
+    made: dict[int, dict[str, Any] | BaseException]
+
+    def records(self) -> list[CallRecord]:
+        """What to record: every call made before the first one that failed, in order."""
+        from resources.ledger import CallRecord
+
+        out: list[CallRecord] = []
+        for i, ((name, input), key) in enumerate(zip(self.calls, self.keys, strict=True)):
+            output = self.made.get(i)
+            if isinstance(output, BaseException):
+                break
+            if output is not None:
+                out.append(CallRecord(self.ctx.claim, key, self.kind, name, input, output))  # type: ignore[arg-type]
+        return out
+
+    def outputs(self, fenced: StormlakeError | None) -> list[dict[str, Any]]:
+        """Once :meth:`records` are recorded: every call's output in order (a recorded one
+        marked ``replayed``), or the first failure raised. ``fenced``: the attempt lost its
+        lease before its calls were recorded (raised first)."""
+        if fenced is not None:
+            raise fenced
+        ctx = self.ctx
+        assert ctx.claim is not None
         outputs: list[dict[str, Any]] = []
-        for i, ((name, input, _fn), key) in enumerate(zip(calls, keys, strict=True)):
-            if i not in made:
-                self.runner.log(f"{self.phase.name}: {kind} {name} answered from the record")
-                outputs.append(dict(self.claim.recorded[key], replayed=True))
+        for i, ((name, _input), key) in enumerate(zip(self.calls, self.keys, strict=True)):
+            if i not in self.made:
+                ctx.runner.log(f"{ctx.phase.name}: {self.kind} {name} answered from the record")
+                outputs.append(dict(ctx.claim.recorded[key], replayed=True))
                 continue
-            output = made[i]
+            output = self.made[i]
             if isinstance(output, BaseException):
                 raise output
-            self.runner.ledger.record_call(self.claim, call_key=key, kind=kind, name=name, input=input, output=output)
-            faults.check("after_call", phase=self.phase.name, partition_key=self.partition.key)
+            faults.check("after_call", phase=ctx.phase.name, partition_key=ctx.partition.key)
             outputs.append(output)
         return outputs
 

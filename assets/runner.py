@@ -19,6 +19,7 @@ from assets.checks import Check, schema_checks
 from assets.context import (
     Compute,
     Grader,
+    MadeCalls,
     PartitionRef,
     PhaseContext,
     PhaseOutput,
@@ -709,10 +710,19 @@ class PhaseRunner:
 
         try:
             together = self._write_together(held) if len(held) > 1 else {}
-            finished: list[tuple[_Prepared, _Finished]] = []
+            # Each partition's writes (made already when written together), then all of their
+            # records in one statement (each fenced on its own attempt), then each one's deliveries.
+            writes: list[tuple[_Prepared, MadeCalls]] = []
             for p in held:
                 try:
-                    finished.append((p, self._commit(p, together)))
+                    writes.append((p, self._write(p, together)))
+                except Exception as exc:
+                    failed(p, exc)
+            recorded = self._record_writes(writes)
+            finished: list[tuple[_Prepared, _Finished]] = []
+            for (p, made), fenced in zip(writes, recorded, strict=True):
+                try:
+                    finished.append((p, self._commit(p, made, fenced)))
                 except Exception as exc:
                     failed(p, exc)
             # Their checkpoints in one statement (each fenced on its own).
@@ -832,16 +842,11 @@ class PhaseRunner:
             hashes[table] = digest
         return out, checks, hashes
 
-    def _commit(self, p: _Prepared, together: dict[tuple[str, str], WriteResult]) -> _Finished:
-        """Steps 6-7 for one partition: its writes (made already when ``together`` has them),
-        each recorded as a call of its own in the phase's table order, and its deliveries; the
-        checkpoint it commits (step 8, :meth:`_flush`, with the others held)."""
-        ctx, claim, basis, out, checks, hashes = p.ctx, p.claim, p.basis, p.out, p.checks, p.hashes
-        phase, part = ctx.phase, ctx.partition
-        rows = {table: out.tables[table].num_rows for table in phase.tables}
-        versions: dict[str, int] = {}
-        written: dict[str, bool] = {}
-        tables = list(phase.tables)
+    def _write(self, p: _Prepared, together: dict[tuple[str, str], WriteResult]) -> MadeCalls:
+        """Step 6 for one partition: its writes (made already when ``together`` has them), each a
+        call of its own in the phase's table order, not yet recorded (:meth:`_record_writes`)."""
+        ctx, claim, out, hashes = p.ctx, p.claim, p.out, p.hashes
+        part = ctx.partition
 
         def write(table: str) -> dict[str, Any]:
             res = together.get((table, part.key)) or self.lake.overwrite_partition(
@@ -850,9 +855,36 @@ class PhaseRunner:
             return {"version": res.version, "written": res.written, "rows": res.rows,
                     "files": None if res.files is None else partition_file_names(res.files, part)}
 
-        calls = [(table, _write_input(part, hashes[table]), partial(write, table)) for table in tables]
+        return ctx.make_calls("delta_commit", [(table, _write_input(part, hashes[table]), partial(write, table))
+                                               for table in ctx.phase.tables])
+
+    def _record_writes(self, writes: list[tuple[_Prepared, MadeCalls]]) -> list[StormlakeError | None]:
+        """The writes of the partitions held recorded in one statement (:meth:`Ledger.record_calls`,
+        each fenced by its own attempt); for each partition, None or why its records failed (a
+        lost lease; the ledger's error, for every one of them)."""
+        records = [(i, r) for i, (_p, made) in enumerate(writes) for r in made.records()]
+        out: list[StormlakeError | None] = [None] * len(writes)
+        if not records:
+            return out
+        try:
+            fenced = self.ledger.record_calls([r for _i, r in records])
+        except StormlakeError as exc:  # the statement as a whole: each partition fails with it
+            return [exc] * len(writes)
+        for (i, _r), f in zip(records, fenced, strict=True):
+            out[i] = out[i] or f
+        return out
+
+    def _commit(self, p: _Prepared, made: MadeCalls, fenced: StormlakeError | None) -> _Finished:
+        """Step 7 for one partition, its writes recorded (``fenced``: they could not be): its
+        deliveries, and the checkpoint it commits (step 8, :meth:`_flush`, with the others held)."""
+        ctx, basis, out, checks, hashes = p.ctx, p.basis, p.out, p.checks, p.hashes
+        phase, part = ctx.phase, ctx.partition
+        rows = {table: out.tables[table].num_rows for table in phase.tables}
+        versions: dict[str, int] = {}
+        written: dict[str, bool] = {}
+        tables = list(phase.tables)
         files: dict[str, list[str]] = {}
-        for table, res in zip(tables, ctx.call_all("delta_commit", calls), strict=True):
+        for table, res in zip(tables, made.outputs(fenced), strict=True):
             versions[table] = int(res["version"])
             if res.get("files") is not None:
                 files[table] = list(res["files"])

@@ -205,6 +205,18 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class CallRecord:
+    """A completed outside call of an attempt, to record (:meth:`Ledger.record_calls`)."""
+
+    claim: Claim
+    call_key: str
+    kind: str
+    name: str
+    input: dict[str, Any]
+    output: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class AccessRow:
     """One row of ``checkpoint_access_log``: a role's read (or attempt) of one phase."""
 
@@ -662,27 +674,55 @@ class Ledger:
 
     def record_call(self, claim: Claim, *, call_key: str, kind: str, name: str,
                     input: dict[str, Any], output: dict[str, Any]) -> None:
-        """Record a completed outside call of this attempt (fenced by the attempt's seq)."""
+        """Record a completed outside call of this attempt (fenced by the attempt's seq):
+        :meth:`record_calls` of one; :class:`FencingError` if the attempt lost its lease."""
+        (fenced,) = self.record_calls([CallRecord(claim, call_key, kind, name, input, output)])
+        if fenced is not None:
+            raise fenced
 
-        def stmt(conn: psycopg.Connection) -> None:
-            # Like a checkpoint completion, a lost record is re-derived (the Delta app
-            # transaction, the receipt), so it is not made durable on its own.
-            row = conn.execute(
-                "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
-                " SELECT id, %(key)s, %(kind)s, %(name)s, %(input)s, %(output)s, seq FROM checkpoints"
-                "  WHERE id = %(id)s AND seq = %(seq)s AND status = 'PENDING'"
-                " ON CONFLICT (checkpoint_id, call_key)"
-                " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now() RETURNING 1",
-                {"key": call_key, "kind": kind, "name": name, "input": Jsonb(input), "output": Jsonb(output),
-                 "id": claim.id, "seq": claim.seq},
-            ).fetchone()
-            if row is None:
-                raise FencingError(
-                    f"attempt seq {claim.seq} of checkpoint {claim.id} lost its lease; not recording {kind} {name}"
-                )
+    _RECORD_CALLS_SQL = (
+        "INSERT INTO recorded_calls (checkpoint_id, call_key, kind, name, input, output, seq)"
+        " SELECT c.id, v.key, v.kind, v.name, v.input, v.output, c.seq"
+        " FROM jsonb_to_recordset(%(items)s)"
+        "  AS v(id bigint, seq bigint, key text, kind text, name text, input jsonb, output jsonb, n integer)"
+        " JOIN checkpoints c ON c.id = v.id AND c.seq = v.seq AND c.status = 'PENDING'"
+        " ORDER BY v.n"
+        " ON CONFLICT (checkpoint_id, call_key)"
+        " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now()"
+        " RETURNING checkpoint_id, call_key"
+    )
 
-        self._run(stmt, what=f"record the call {kind} {name}", single=True)
-        claim.recorded[call_key] = output
+    def record_calls(self, calls: list[CallRecord]) -> list[FencingError | None]:
+        """Record completed outside calls of one or more attempts in one statement, each fenced
+        by its own attempt's seq: for each call, None once recorded (and kept in its claim's
+        ``recorded``) or the :class:`FencingError` of an attempt that lost its lease (the others
+        are recorded all the same). A range step records the writes of the partitions it wrote
+        together this way: one round trip for all of them.
+
+        Like a checkpoint completion, a lost record is re-derived (the Delta app transaction,
+        the receipt), so it is not made durable on its own.
+        """
+        if not calls:
+            return []
+        payload = [{"id": c.claim.id, "seq": c.claim.seq, "key": c.call_key, "kind": c.kind, "name": c.name,
+                    "input": c.input, "output": c.output, "n": n} for n, c in enumerate(calls)]
+
+        def stmt(conn: psycopg.Connection) -> set[tuple[int, str]]:
+            rows = conn.execute(self._RECORD_CALLS_SQL, {"items": Jsonb(payload)}).fetchall()  # type: ignore[arg-type]
+            return {(int(r[0]), r[1]) for r in rows}
+
+        first = calls[0]
+        done = self._run(stmt, single=True, what=f"record the call {first.kind} {first.name}" if len(calls) == 1
+                         else f"record {len(calls)} calls")
+        out: list[FencingError | None] = []
+        for c in calls:
+            if (c.claim.id, c.call_key) in done:
+                c.claim.recorded[c.call_key] = c.output
+                out.append(None)
+            else:
+                out.append(FencingError(f"attempt seq {c.claim.seq} of checkpoint {c.claim.id} lost its lease;"
+                                        f" not recording {c.kind} {c.name}"))
+        return out
 
     def complete(self, claim: Claim, *, state_hash: str, summary: dict[str, Any], tier: int,
                  tier_label: str, run_id: str | None) -> Checkpoint:

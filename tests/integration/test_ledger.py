@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from resources.errors import FencingError, LedgerError
-from resources.ledger import Ledger
+from resources.ledger import CallRecord, Ledger
 from tests.ledger_sql import query
 
 KEY = "2026-09-01|gulf_coast"
@@ -75,6 +75,30 @@ def test_attempts_claimed_together_are_decided_as_each_alone(ledger: Ledger) -> 
     # Each claimed attempt commits as any other.
     for c in (*fresh, taken):
         ledger.complete(c, state_hash="s2", summary={}, tier=3, tier_label="correlated", run_id="r")
+
+
+def test_calls_recorded_together_are_each_fenced_on_their_own(ledger: Ledger) -> None:
+    """``record_calls`` records the calls of several attempts in one statement: each one of an
+    attempt that holds its lease (kept in its claim's ``recorded``), a lost lease for the call of
+    an attempt that lost it; a repeat after a lost reply records nothing twice."""
+    keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
+    claims = [ledger.claim(**{**ARGS, "partition_key": k, "region_id": k.split("|")[1]}).claim for k in keys]
+    assert all(c is not None for c in claims)
+    lost = claims[1]
+    ledger.claim(**{**ARGS, "partition_key": keys[1], "region_id": "pine_belt"})  # a newer attempt
+    calls = [CallRecord(claims[0], "delta_commit:a:1", "delta_commit", "a", {"n": 1}, {"version": 1}),
+             CallRecord(lost, "delta_commit:a:1", "delta_commit", "a", {"n": 1}, {"version": 1}),
+             CallRecord(claims[0], "delta_commit:b:1", "delta_commit", "b", {"n": 1}, {"version": 2})]
+    out = ledger.record_calls(calls)
+    assert out[0] is None and out[2] is None and isinstance(out[1], FencingError), out
+    assert claims[0].recorded == {"delta_commit:a:1": {"version": 1}, "delta_commit:b:1": {"version": 2}}
+    assert lost.recorded == {}
+    assert ledger.record_calls(calls[:1]) == [None]  # the same record again: still one row
+    rows = query(ledger, "SELECT checkpoint_id, call_key, seq FROM recorded_calls ORDER BY call_key")
+    assert [(r["checkpoint_id"], r["call_key"], r["seq"]) for r in rows] == [
+        (claims[0].id, "delta_commit:a:1", claims[0].seq), (claims[0].id, "delta_commit:b:1", claims[0].seq)]
+    with pytest.raises(FencingError, match="lost its lease"):
+        ledger.record_call(lost, call_key="deliver:x:1", kind="deliver", name="x", input={}, output={})
 
 
 def test_checkpoints_committed_together_are_each_fenced_on_their_own(ledger: Ledger) -> None:

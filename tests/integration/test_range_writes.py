@@ -83,6 +83,15 @@ def test_a_range_writes_each_table_once_and_every_partition_gets_its_own_rows(ru
                                    " ORDER BY event_id")
     assert [c["partition_key"] for c in claimed] == KEYS
     assert claimed[0]["at"] < claimed[1]["at"] and len({c["at"] for c in claimed[1:]}) == 1
+    # The four partitions' writes are recorded in one statement (their records share its time),
+    # each as a call of its own attempt, in the checkpoint it commits.
+    records = query(runner.ledger, "SELECT c.partition_key, r.name, r.seq = c.seq AS own, r.recorded_at"
+                                   " FROM recorded_calls r JOIN checkpoints c ON c.id = r.checkpoint_id"
+                                   " WHERE r.kind = 'delta_commit'")
+    assert sorted((r["partition_key"], r["name"]) for r in records) == sorted(
+        (k, t) for k in KEYS for t in INGEST.tables)
+    assert all(r["own"] for r in records) and len({r["recorded_at"] for r in records}) == 1
+    assert [sorted(c["name"] for c in o.checkpoint.calls) for o in outcomes] == [sorted(INGEST.tables)] * 4
     enriched = [r for _, r in runner.run_range(ENRICH, _parts(runner), enrich.compute, enrich.grade)]
     assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in enriched), enriched
     assert _commits(runner, "outages_enriched") == 1
