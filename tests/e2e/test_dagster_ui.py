@@ -455,13 +455,14 @@ def _check_table_catalog(d: Dagster) -> None:
         # The Columns tab before any run: the schema is definition metadata.
         (schema,) = [e for e in node["metadataEntries"] if e["label"] == "dagster/column_schema"]
         assert [(c["name"], c["type"]) for c in schema["schema"]["columns"]] == columns, table
-        # The latest materialization: row counts, column schema, name and URI of the Delta table.
+        # The latest materialization: row counts, name and URI of the Delta table (the column
+        # schema is the definition's, above, not repeated on each materialization).
         (mat,) = node["assetMaterializations"]
         assert mat["partition"] in KEYS, mat
         entries = {e["label"]: e for e in mat["metadataEntries"]}
         rows, total = entries["dagster/partition_row_count"]["intValue"], entries["dagster/row_count"]["intValue"]
         assert 0 <= rows <= total, (table, rows, total)
-        assert [(c["name"], c["type"]) for c in entries["dagster/column_schema"]["schema"]["columns"]] == columns
+        assert "dagster/column_schema" not in entries, table
         assert entries["dagster/table_name"]["text"] == table
         assert entries["dagster/uri"]["text"].startswith("file://") and entries["dagster/uri"]["text"].endswith(
             f"/lake/{table}"), entries["dagster/uri"]

@@ -287,7 +287,8 @@ def test_every_table_is_materialized_with_its_rows_schema_uri_version_and_hash(s
         assert meta["dagster/partition_row_count"] == here == cp.summary["rows"][table], table
         # The whole table at the version written: this partition and the one written before.
         assert meta["dagster/row_count"] == here + there, table
-        assert mat.metadata["dagster/column_schema"].schema == table_schema(table)
+        # The column schema is the asset's definition metadata, not repeated on each materialization.
+        assert "dagster/column_schema" not in mat.metadata, table
         assert [c.name for c in table_schema(table).columns] == SCHEMAS[table].names
         assert meta["dagster/table_name"] == table
         assert meta["dagster/uri"] == (Path(root) / table).resolve().as_uri()
