@@ -1,7 +1,8 @@
 """Deliveries: every artifact to every target exactly once, guarded by receipts in the ledger.
 
 A receipt is prepared (PENDING) before the target is called and marked DELIVERED after; the call
-itself is a recorded call of the attempt, so a retried attempt never delivers twice.
+itself is a recorded call of the attempt, so a retried attempt never delivers twice. A
+partition's receipts are prepared together, in one transaction, before its first delivery.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from resources import faults
 from resources.errors import StormlakeError
-from resources.ledger import Receipt
+from resources.ledger import Receipt, ReceiptRequest
 from resources.publisher import Artifact, Target
 
 if TYPE_CHECKING:
@@ -21,39 +22,42 @@ _log = logging.getLogger("stormlake.delivery")
 
 
 def deliver(ctx: PhaseContext, targets: list[Target], artifacts: list[Artifact]) -> tuple[list[str], int]:
-    """Deliver every artifact to every target exactly once, guarded by receipts."""
+    """Deliver every artifact to every target exactly once, guarded by receipts.
+
+    The receipts of all of them are prepared (PENDING, or found DELIVERED) in one transaction
+    before the first target is called; each delivery is then marked DELIVERED as soon as its
+    target has it.
+    """
     delivered: list[str] = []
-    count = 0
     part = ctx.partition
-    for artifact in artifacts:
-        for target in targets:
-            count += 1
-            rec = ctx.ledger.prepare_receipt(
-                artifact_id=artifact.artifact_id, target=target.name, partition_key=part.key,
-                region_id=artifact.region_id, day=artifact.day, kind=artifact.kind,
-                content_hash=artifact.content_hash, size_bytes=len(artifact.data),
-                target_ref=target.ref(artifact), checkpoint_id=ctx.claim.id if ctx.claim else None,
-            )
-            if rec.status == "DELIVERED":
-                continue
-            faults.check("after_pending", phase=ctx.phase.name, partition_key=part.key)
+    todo = [(artifact, target) for artifact in artifacts for target in targets]
+    receipts = ctx.ledger.prepare_receipts([ReceiptRequest(
+        artifact_id=artifact.artifact_id, target=target.name, partition_key=part.key,
+        region_id=artifact.region_id, day=artifact.day, kind=artifact.kind,
+        content_hash=artifact.content_hash, size_bytes=len(artifact.data),
+        target_ref=target.ref(artifact), checkpoint_id=ctx.claim.id if ctx.claim else None,
+    ) for artifact, target in todo])
+    for (artifact, target), rec in zip(todo, receipts, strict=True):
+        if rec.status == "DELIVERED":
+            continue
+        faults.check("after_pending", phase=ctx.phase.name, partition_key=part.key)
 
-            def send(target: Target = target, artifact: Artifact = artifact, rec: Receipt = rec):
-                try:
-                    response = target.deliver(artifact, supersedes=rec.supersedes,
-                                              idempotency_key=rec.idempotency_key)
-                except StormlakeError as exc:
-                    ctx.ledger.note_delivery_attempt(rec, str(exc))
-                    raise
-                faults.check("after_delivery", phase=ctx.phase.name, partition_key=part.key)
-                ctx.ledger.mark_delivered(rec, response)
-                return {"artifact_id": artifact.artifact_id, "target": target.name,
-                        "idempotency_key": rec.idempotency_key, "response": response}
+        def send(target: Target = target, artifact: Artifact = artifact, rec: Receipt = rec):
+            try:
+                response = target.deliver(artifact, supersedes=rec.supersedes,
+                                          idempotency_key=rec.idempotency_key)
+            except StormlakeError as exc:
+                ctx.ledger.note_delivery_attempt(rec, str(exc))
+                raise
+            faults.check("after_delivery", phase=ctx.phase.name, partition_key=part.key)
+            ctx.ledger.mark_delivered(rec, response)
+            return {"artifact_id": artifact.artifact_id, "target": target.name,
+                    "idempotency_key": rec.idempotency_key, "response": response}
 
-            ctx.call("deliver", f"{target.name}:{artifact.kind}",
-                    {"artifact_id": artifact.artifact_id, "target": target.name,
-                     "idempotency_key": rec.idempotency_key}, send)
-            delivered.append(f"{target.name}:{rec.idempotency_key}")
-            _log.info("delivered %s to %s%s", rec.idempotency_key, target.name,
-                      f" (supersedes {rec.supersedes})" if rec.supersedes else "")
-    return delivered, count
+        ctx.call("deliver", f"{target.name}:{artifact.kind}",
+                 {"artifact_id": artifact.artifact_id, "target": target.name,
+                  "idempotency_key": rec.idempotency_key}, send)
+        delivered.append(f"{target.name}:{rec.idempotency_key}")
+        _log.info("delivered %s to %s%s", rec.idempotency_key, target.name,
+                  f" (supersedes {rec.supersedes})" if rec.supersedes else "")
+    return delivered, len(todo)

@@ -145,6 +145,22 @@ class Receipt:
 
 
 @dataclass(frozen=True)
+class ReceiptRequest:
+    """What a receipt is prepared for (:meth:`Ledger.prepare_receipts`): an artifact to a target."""
+
+    artifact_id: str
+    target: str
+    partition_key: str
+    region_id: str
+    day: str
+    kind: str
+    content_hash: str
+    size_bytes: int
+    target_ref: str
+    checkpoint_id: int | None
+
+
+@dataclass(frozen=True)
 class Event:
     event_id: int
     checkpoint_id: int | None
@@ -997,8 +1013,28 @@ class Ledger:
     def prepare_receipt(self, *, artifact_id: str, target: str, partition_key: str, region_id: str, day: str,
                         kind: str, content_hash: str, size_bytes: int, target_ref: str,
                         checkpoint_id: int | None) -> Receipt:
-        """The receipt of delivering ``artifact_id`` to ``target`` now: inserted PENDING and committed
-        before any side effect, or the one already there.
+        """The receipt of delivering ``artifact_id`` to ``target`` now (:meth:`prepare_receipts` of one)."""
+        (rec,) = self.prepare_receipts([ReceiptRequest(
+            artifact_id=artifact_id, target=target, partition_key=partition_key, region_id=region_id, day=day,
+            kind=kind, content_hash=content_hash, size_bytes=size_bytes, target_ref=target_ref,
+            checkpoint_id=checkpoint_id)])
+        return rec
+
+    _LAST_RECEIPT_SQL = (
+        "SELECT r.*, (SELECT artifact_id FROM receipts WHERE region_id = %(region)s AND day = %(day)s"
+        "  AND kind = %(kind)s AND target = %(target)s AND status = 'DELIVERED' AND artifact_id <> %(artifact)s"
+        "  ORDER BY receipt_id DESC LIMIT 1) AS prev_delivered,"
+        " (SELECT coalesce(max(generation), 0) + 1 FROM receipts WHERE artifact_id = %(artifact)s"
+        "  AND target = %(target)s) AS next_generation"
+        " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT * FROM receipts WHERE region_id = %(region)s"
+        "  AND day = %(day)s AND kind = %(kind)s AND target = %(target)s ORDER BY receipt_id DESC LIMIT 1) r ON true"
+    )
+
+    def prepare_receipts(self, requests: list[ReceiptRequest]) -> list[Receipt]:
+        """The receipts of delivering each artifact to its target now, in order: each inserted
+        PENDING, all in one durable transaction committed before any side effect, or the one
+        already there. A partition's deliveries prepare their receipts together: one commit
+        instead of one an artifact.
 
         The last receipt of the slot (region, day, kind, target) says what the target was last
         sent. If it is this artifact, it is returned as it stands: DELIVERED means nothing to do,
@@ -1007,44 +1043,50 @@ class Ledger:
         again (under the key ``<artifact id>#<generation>``, since A's own key was used before);
         a PENDING receipt of another artifact it overtakes becomes SUPERSEDED. ``supersedes``
         names the last DELIVERED revision of the slot.
+
+        Every slot is locked first, in one order for every process (the locks' keys sorted), so
+        two processes preparing receipts of overlapping slots cannot wait for each other.
         """
+        if not requests:
+            return []
+        locks = sorted({_lock_key("stormlake-receipt-slot", r.region_id, r.day, r.kind, r.target) for r in requests})
 
-        slot = (region_id, day, kind, target)
-
-        def txn(conn: psycopg.Connection) -> Receipt:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("stormlake-receipt-slot", *slot),))
-            with conn.cursor(row_factory=class_row(Receipt)) as cur:
-                last = cur.execute(
-                    "SELECT * FROM receipts WHERE region_id = %s AND day = %s AND kind = %s AND target = %s"
-                    " ORDER BY receipt_id DESC LIMIT 1", slot,
-                ).fetchone()
-                if last is not None and last.artifact_id == artifact_id:
-                    return last
-                if last is not None and last.status == "PENDING":
-                    conn.execute("UPDATE receipts SET status = 'SUPERSEDED' WHERE receipt_id = %s", (last.receipt_id,))
-                # The slot's last delivered other revision and this artifact's next generation, in one look.
-                prev, generation = conn.execute(
-                    "SELECT (SELECT artifact_id FROM receipts WHERE region_id = %s AND day = %s AND kind = %s"
-                    "  AND target = %s AND status = 'DELIVERED' AND artifact_id <> %s"
-                    "  ORDER BY receipt_id DESC LIMIT 1),"
-                    " (SELECT coalesce(max(generation), 0) + 1 FROM receipts WHERE artifact_id = %s AND target = %s)",
-                    (*slot, artifact_id, artifact_id, target),
-                ).fetchone()
-                rec = cur.execute(
-                    "INSERT INTO receipts (artifact_id, target, generation, idempotency_key, partition_key,"
-                    " region_id, day, kind, content_hash, size_bytes, target_ref, status, supersedes, checkpoint_id)"
-                    " VALUES (%(artifact)s, %(target)s, %(generation)s, %(key)s, %(partition)s, %(region)s, %(day)s,"
-                    " %(kind)s, %(content)s, %(size)s, %(ref)s, 'PENDING', %(supersedes)s, %(checkpoint)s)"
-                    " RETURNING *",
-                    {"artifact": artifact_id, "target": target, "generation": generation,
-                     "key": receipt_key(artifact_id, generation), "partition": partition_key, "region": region_id,
-                     "day": day, "kind": kind, "content": content_hash, "size": size_bytes, "ref": target_ref,
-                     "supersedes": prev, "checkpoint": checkpoint_id},
-                ).fetchone()
+        def txn(conn: psycopg.Connection) -> list[Receipt]:
+            conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k ORDER BY k", (locks,))
+            out: list[Receipt] = []
+            for req in requests:
+                args = {"artifact": req.artifact_id, "target": req.target, "region": req.region_id, "day": req.day,
+                        "kind": req.kind}
+                with conn.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(self._LAST_RECEIPT_SQL, args).fetchone()  # type: ignore[arg-type]
+                assert row is not None
+                prev, generation = row.pop("prev_delivered"), row.pop("next_generation")
+                if row["receipt_id"] is not None:
+                    last = Receipt(**row)
+                    if last.artifact_id == req.artifact_id:
+                        out.append(last)
+                        continue
+                    if last.status == "PENDING":
+                        conn.execute("UPDATE receipts SET status = 'SUPERSEDED' WHERE receipt_id = %s",
+                                     (last.receipt_id,))
+                with conn.cursor(row_factory=class_row(Receipt)) as cur:
+                    rec = cur.execute(
+                        "INSERT INTO receipts (artifact_id, target, generation, idempotency_key, partition_key,"
+                        " region_id, day, kind, content_hash, size_bytes, target_ref, status, supersedes, checkpoint_id)"
+                        " VALUES (%(artifact)s, %(target)s, %(generation)s, %(key)s, %(partition)s, %(region)s,"
+                        " %(day)s, %(kind)s, %(content)s, %(size)s, %(ref)s, 'PENDING', %(supersedes)s, %(checkpoint)s)"
+                        " RETURNING *",
+                        {**args, "generation": generation, "key": receipt_key(req.artifact_id, generation),
+                         "partition": req.partition_key, "content": req.content_hash, "size": req.size_bytes,
+                         "ref": req.target_ref, "supersedes": prev, "checkpoint": req.checkpoint_id},
+                    ).fetchone()
                 assert rec is not None
-                return rec
+                out.append(rec)
+            return out
 
-        return self._run(txn, what=f"record the receipt of {artifact_id}")
+        first = requests[0].artifact_id
+        return self._run(txn, what=f"record the receipt of {first}" if len(requests) == 1
+                         else f"record {len(requests)} receipts of {requests[0].partition_key}")
 
     def note_delivery_attempt(self, receipt: Receipt, error: str | None) -> None:
         self._run(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 import pytest
 
 from resources.errors import FencingError, LedgerError
-from resources.ledger import CallRecord, Ledger
+from resources.ledger import CallRecord, Ledger, ReceiptRequest
 from tests.ledger_sql import query
 
 KEY = "2026-09-01|gulf_coast"
@@ -166,3 +168,33 @@ def test_a_receipt_is_never_downgraded(ledger: Ledger) -> None:
     ledger.mark_delivered(rec, {"path": "/x"})
     with pytest.raises(LedgerError):
         query(ledger, "UPDATE receipts SET status = 'PENDING' RETURNING artifact_id")
+
+
+def _request(artifact: str, kind: str, target: str = "file") -> ReceiptRequest:
+    return ReceiptRequest(artifact_id=f"gulf_coast/2026-09-01/{kind}@{artifact}", target=target, partition_key=KEY,
+                          region_id="gulf_coast", day="2026-09-01", kind=kind, content_hash="0" * 64, size_bytes=1,
+                          target_ref="/x", checkpoint_id=None)
+
+
+def test_receipts_prepared_together_are_each_decided_as_alone(ledger: Ledger) -> None:
+    """``prepare_receipts`` prepares a partition's receipts in one transaction, each as
+    ``prepare_receipt`` would: a new slot gets a PENDING receipt; the slot's own artifact again
+    gets its receipt as it stands (DELIVERED: nothing to do); another artifact overtakes a
+    PENDING one (SUPERSEDED) and names the slot's last delivered revision."""
+    first = ledger.prepare_receipts([_request("a" * 16, "summary.json"), _request("b" * 16, "report.html")])
+    assert [r.status for r in first] == ["PENDING", "PENDING"] and [r.generation for r in first] == [1, 1]
+    assert len({r.created_at for r in first}) == 1  # one transaction
+    ledger.mark_delivered(first[0], {"path": "/x"})
+    again = ledger.prepare_receipts([_request("a" * 16, "summary.json"), _request("c" * 16, "report.html"),
+                                     _request("d" * 16, "cells.geojson")])
+    assert again[0] == dataclasses.replace(first[0], status="DELIVERED", response={"path": "/x"},
+                                           delivered_at=again[0].delivered_at)
+    assert (again[1].status, again[1].supersedes, again[2].status) == ("PENDING", None, "PENDING")
+    rows = {r["artifact_id"].split("@")[1]: r["status"] for r in query(ledger, "SELECT artifact_id, status FROM receipts")}
+    assert rows == {"a" * 16: "DELIVERED", "b" * 16: "SUPERSEDED", "c" * 16: "PENDING", "d" * 16: "PENDING"}
+    # A new revision of the delivered slot names it; going back to it is a new generation.
+    (newer,) = ledger.prepare_receipts([_request("e" * 16, "summary.json")])
+    assert newer.supersedes == first[0].artifact_id
+    ledger.mark_delivered(newer, {"path": "/x"})
+    (back,) = ledger.prepare_receipts([_request("a" * 16, "summary.json")])
+    assert (back.generation, back.supersedes, back.idempotency_key) == (2, newer.artifact_id, f"{back.artifact_id}#2")

@@ -132,8 +132,9 @@ with dg.build_resources(dict(build_resources())) as res:
 
 def test_a_process_killed_after_the_write_together_is_resumed_without_writing_again(
         runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str]) -> None:
-    """Killed once the first partition's writes are recorded: the three others' rows are in the
-    tables, unrecorded. The next run recognises every partition's commit by its app transaction."""
+    """Killed once the writes together are recorded (one statement for the four partitions),
+    before any checkpoint commits: every partition's rows are in the tables. The next run
+    answers every partition's writes from its record and writes nothing again."""
     env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.after_call@{KEYS[0]}=exit"}
     proc = subprocess.run([sys.executable, "-c", _CRASH.format(keys=KEYS)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
