@@ -428,8 +428,8 @@ class PhaseRunner:
         :attr:`write_together` partitions (``STORMLAKE_WRITE_TOGETHER``, 8) of at most
         :data:`RANGE_WRITE_ROWS` rows in all are computed and graded, their leases held; then
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
-        transaction per partition), each partition records its calls and delivers, and their
-        checkpoints commit in one statement (each fenced on its own). A Delta commit costs
+        transaction per partition), their writes are recorded in one statement, each partition
+        delivers, and their checkpoints commit in one statement (each fenced on its own). A Delta commit costs
         about the same for one small partition as for eight, and more as a table grows (about
         50 ms a commit on a table of a year's partitions). A partition that fails is alone in
         failing; a write together that fails leaves each partition to write alone. A lease that
@@ -679,8 +679,9 @@ class PhaseRunner:
         return _Prepared(ctx, claim, c.ready.basis, out, checks, hashes, c.lease)
 
     def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
-        """Steps 6-8 for the partitions held: their tables written (together when several), then
-        each one's calls recorded and deliveries made, their checkpoints committed in one
+        """Steps 6-8 for the partitions held: their tables written (together when several), their
+        writes recorded in one statement (:meth:`_record_writes`), each one's deliveries made,
+        their checkpoints committed in one
         statement (:meth:`Ledger.complete_all`), and their leases let go;
         whether one of them failed with a transient error (the range then ends).
 
@@ -715,7 +716,10 @@ class PhaseRunner:
             writes: list[tuple[_Prepared, MadeCalls]] = []
             for p in held:
                 try:
-                    writes.append((p, self._write(p, together)))
+                    made = self._write(p, together)
+                    # Written, none of the group's writes recorded yet (fault-injection point).
+                    faults.check("after_write", phase=p.ctx.phase.name, partition_key=p.ctx.partition.key)
+                    writes.append((p, made))
                 except Exception as exc:
                     failed(p, exc)
             recorded = self._record_writes(writes)
@@ -861,15 +865,19 @@ class PhaseRunner:
     def _record_writes(self, writes: list[tuple[_Prepared, MadeCalls]]) -> list[StormlakeError | None]:
         """The writes of the partitions held recorded in one statement (:meth:`Ledger.record_calls`,
         each fenced by its own attempt); for each partition, None or why its records failed (a
-        lost lease; the ledger's error, for every one of them)."""
+        lost lease; the ledger's error, for each partition that had writes to record: one whose
+        writes were all answered from the record, or whose first write failed, keeps its own
+        outcome)."""
         records = [(i, r) for i, (_p, made) in enumerate(writes) for r in made.records()]
         out: list[StormlakeError | None] = [None] * len(writes)
         if not records:
             return out
         try:
             fenced = self.ledger.record_calls([r for _i, r in records])
-        except StormlakeError as exc:  # the statement as a whole: each partition fails with it
-            return [exc] * len(writes)
+        except StormlakeError as exc:  # the statement as a whole: each partition that had records fails with it
+            for i, _r in records:
+                out[i] = exc
+            return out
         for (i, _r), f in zip(records, fenced, strict=True):
             out[i] = out[i] or f
         return out

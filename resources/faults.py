@@ -22,6 +22,7 @@ POINTS = (
     "after_lease",  # the lease is held and the attempt claimed
     "mid_transform",  # inside the phase's computation
     "after_delta_commit",  # after each Delta commit, before the checkpoint
+    "after_write",  # a range step's writes made (together), none of them recorded yet
     "after_checkpoint",  # the checkpoint is COMPLETED
     "after_pending",  # a receipt is PENDING, the artifact not yet delivered
     "after_delivery",  # the artifact was delivered, the receipt not yet DELIVERED

@@ -705,7 +705,7 @@ class Ledger:
         " ORDER BY v.n"
         " ON CONFLICT (checkpoint_id, call_key)"
         " DO UPDATE SET output = EXCLUDED.output, seq = EXCLUDED.seq, recorded_at = now()"
-        " RETURNING checkpoint_id, call_key"
+        " RETURNING checkpoint_id, call_key, seq"
     )
 
     def record_calls(self, calls: list[CallRecord]) -> list[FencingError | None]:
@@ -720,19 +720,23 @@ class Ledger:
         """
         if not calls:
             return []
+        # One row per attempt and key (the same call recorded twice in one batch: its last output,
+        # as two statements would leave it); PostgreSQL updates a row only once per statement.
+        last = {(c.claim.id, c.claim.seq, c.call_key): n for n, c in enumerate(calls)}
         payload = [{"id": c.claim.id, "seq": c.claim.seq, "key": c.call_key, "kind": c.kind, "name": c.name,
-                    "input": c.input, "output": c.output, "n": n} for n, c in enumerate(calls)]
+                    "input": c.input, "output": c.output, "n": n}
+                   for n, c in enumerate(calls) if last[(c.claim.id, c.claim.seq, c.call_key)] == n]
 
-        def stmt(conn: psycopg.Connection) -> set[tuple[int, str]]:
+        def stmt(conn: psycopg.Connection) -> set[tuple[int, int, str]]:
             rows = conn.execute(self._RECORD_CALLS_SQL, {"items": Jsonb(payload)}).fetchall()  # type: ignore[arg-type]
-            return {(int(r[0]), r[1]) for r in rows}
+            return {(int(r[0]), int(r[2]), r[1]) for r in rows}
 
         first = calls[0]
         done = self._run(stmt, single=True, what=f"record the call {first.kind} {first.name}" if len(calls) == 1
                          else f"record {len(calls)} calls")
         out: list[FencingError | None] = []
         for c in calls:
-            if (c.claim.id, c.call_key) in done:
+            if (c.claim.id, c.claim.seq, c.call_key) in done:
                 c.claim.recorded[c.call_key] = c.output
                 out.append(None)
             else:

@@ -87,18 +87,25 @@ def test_calls_recorded_together_are_each_fenced_on_their_own(ledger: Ledger) ->
     claims = [ledger.claim(**{**ARGS, "partition_key": k, "region_id": k.split("|")[1]}).claim for k in keys]
     assert all(c is not None for c in claims)
     lost = claims[1]
-    ledger.claim(**{**ARGS, "partition_key": keys[1], "region_id": "pine_belt"})  # a newer attempt
+    newer = ledger.claim(**{**ARGS, "partition_key": keys[1], "region_id": "pine_belt"}).claim  # a newer attempt
+    assert newer is not None
     calls = [CallRecord(claims[0], "delta_commit:a:1", "delta_commit", "a", {"n": 1}, {"version": 1}),
              CallRecord(lost, "delta_commit:a:1", "delta_commit", "a", {"n": 1}, {"version": 1}),
-             CallRecord(claims[0], "delta_commit:b:1", "delta_commit", "b", {"n": 1}, {"version": 2})]
+             CallRecord(claims[0], "delta_commit:b:1", "delta_commit", "b", {"n": 1}, {"version": 2}),
+             # the attempt that took over records the same call in the same batch: only it is credited
+             CallRecord(newer, "delta_commit:a:1", "delta_commit", "a", {"n": 1}, {"version": 7}),
+             # the same call twice in one batch: its last output stands, as two statements would leave it
+             CallRecord(claims[0], "delta_commit:b:1", "delta_commit", "b", {"n": 1}, {"version": 3})]
     out = ledger.record_calls(calls)
-    assert out[0] is None and out[2] is None and isinstance(out[1], FencingError), out
-    assert claims[0].recorded == {"delta_commit:a:1": {"version": 1}, "delta_commit:b:1": {"version": 2}}
-    assert lost.recorded == {}
+    assert [o is None for o in out] == [True, False, True, True, True] and isinstance(out[1], FencingError), out
+    assert claims[0].recorded == {"delta_commit:a:1": {"version": 1}, "delta_commit:b:1": {"version": 3}}
+    assert lost.recorded == {} and newer.recorded == {"delta_commit:a:1": {"version": 7}}
     assert ledger.record_calls(calls[:1]) == [None]  # the same record again: still one row
-    rows = query(ledger, "SELECT checkpoint_id, call_key, seq FROM recorded_calls ORDER BY call_key")
-    assert [(r["checkpoint_id"], r["call_key"], r["seq"]) for r in rows] == [
-        (claims[0].id, "delta_commit:a:1", claims[0].seq), (claims[0].id, "delta_commit:b:1", claims[0].seq)]
+    rows = query(ledger, "SELECT checkpoint_id, call_key, seq, output FROM recorded_calls ORDER BY checkpoint_id, call_key")
+    assert [(r["checkpoint_id"], r["call_key"], r["seq"], r["output"]) for r in rows] == [
+        (claims[0].id, "delta_commit:a:1", claims[0].seq, {"version": 1}),
+        (claims[0].id, "delta_commit:b:1", claims[0].seq, {"version": 3}),
+        (newer.id, "delta_commit:a:1", newer.seq, {"version": 7})]
     with pytest.raises(FencingError, match="lost its lease"):
         ledger.record_call(lost, call_key="deliver:x:1", kind="deliver", name="x", input={}, output={})
 

@@ -150,6 +150,26 @@ def test_a_process_killed_after_the_write_together_is_resumed_without_writing_ag
     _assert_each_partition_holds_what_it_computed(runner, results)
 
 
+def test_a_process_killed_between_the_write_together_and_its_records_writes_nothing_again(
+        runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str]) -> None:
+    """Killed once the four partitions' tables are written together, before any of it is
+    recorded: the next run recognises every partition's commit by its app transaction."""
+    env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.after_write@{KEYS[0]}=exit"}
+    proc = subprocess.run([sys.executable, "-c", _CRASH.format(keys=KEYS)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)
+    assert {ledger.head(k, "ingest").status for k in KEYS} == {"PENDING"}
+    assert query(ledger, "SELECT count(*) AS n FROM recorded_calls")[0]["n"] == 0
+    results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # nothing written twice
+    for o in results:
+        assert o.checkpoint.attempt == 2
+        assert not any(o.checkpoint.summary["delta_written"].values()), o.partition_key
+    _assert_each_partition_holds_what_it_computed(runner, results)
+
+
 def test_a_lease_held_elsewhere_is_waited_for_only_after_the_partitions_held_are_finished(
         runner: PhaseRunner, ledger: Ledger, pg_dsn: str) -> None:
     """Another run holds the third partition's lease until it sees the first two COMPLETED: a
@@ -262,3 +282,25 @@ def test_a_table_whose_write_together_fails_is_written_by_each_partition_alone(
     assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
     assert {t: _commits(runner, t) for t in INGEST.tables} == {t: 4 if t == "weather_raw" else 1 for t in INGEST.tables}
     _assert_each_partition_holds_what_it_computed(runner, results)
+
+
+def test_a_failed_record_statement_fails_only_the_partitions_that_had_writes_to_record(
+        runner: PhaseRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's records are one statement; when it fails as a whole, a partition that had
+    nothing to record (every write answered from the record) keeps its own outcome."""
+    from types import SimpleNamespace
+
+    from assets.context import MadeCalls
+    from resources.errors import LedgerUnavailable
+
+    claim = SimpleNamespace(id=1, seq=1, recorded={})
+    answered = MadeCalls(SimpleNamespace(claim=claim), "delta_commit", [("t", {"n": 1})], ["k"], {})
+    made = MadeCalls(SimpleNamespace(claim=claim), "delta_commit", [("t", {"n": 2})], ["k2"], {0: {"version": 1}})
+    down = LedgerUnavailable("ledger unreachable while trying to record 1 calls")
+
+    def record_calls(calls):  # noqa: ANN001, ANN202 - the statement fails as a whole
+        assert [c.call_key for c in calls] == ["k2"]
+        raise down
+
+    monkeypatch.setattr(runner.ledger, "record_calls", record_calls)
+    assert runner._record_writes([(None, answered), (None, made)]) == [None, down]  # type: ignore[list-item]
