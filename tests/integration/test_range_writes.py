@@ -130,37 +130,21 @@ with dg.build_resources(dict(build_resources())) as res:
 """
 
 
+@pytest.mark.parametrize(("point", "recorded"), [("after_write", 0), ("after_call", len(KEYS) * len(INGEST.tables))])
 def test_a_process_killed_after_the_write_together_is_resumed_without_writing_again(
-        runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str]) -> None:
-    """Killed once the writes together are recorded (one statement for the four partitions),
-    before any checkpoint commits: every partition's rows are in the tables. The next run
-    answers every partition's writes from its record and writes nothing again."""
-    env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.after_call@{KEYS[0]}=exit"}
+        runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str], point: str, recorded: int) -> None:
+    """Killed once the four partitions' tables are written together, before any checkpoint
+    commits: every partition's rows are in the tables. Killed before the records
+    (``after_write``), the next run recognises each partition's commit by its app transaction;
+    killed once they are recorded (one statement for the four partitions, ``after_call``), it
+    answers each write from its record. Either way it writes nothing again."""
+    env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.{point}@{KEYS[0]}=exit"}
     proc = subprocess.run([sys.executable, "-c", _CRASH.format(keys=KEYS)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 137, proc.stderr[-2000:]
     assert all(_commits(runner, t) == 1 for t in INGEST.tables)
     assert {ledger.head(k, "ingest").status for k in KEYS} == {"PENDING"}
-    results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
-    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
-    assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # nothing written twice
-    for o in results:
-        assert o.checkpoint.attempt == 2
-        assert not any(o.checkpoint.summary["delta_written"].values()), o.partition_key
-    _assert_each_partition_holds_what_it_computed(runner, results)
-
-
-def test_a_process_killed_between_the_write_together_and_its_records_writes_nothing_again(
-        runner: PhaseRunner, ledger: Ledger, sl_env: dict[str, str]) -> None:
-    """Killed once the four partitions' tables are written together, before any of it is
-    recorded: the next run recognises every partition's commit by its app transaction."""
-    env = {**os.environ, **sl_env, "STORMLAKE_FAULTS": f"ingest.after_write@{KEYS[0]}=exit"}
-    proc = subprocess.run([sys.executable, "-c", _CRASH.format(keys=KEYS)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 137, proc.stderr[-2000:]
-    assert all(_commits(runner, t) == 1 for t in INGEST.tables)
-    assert {ledger.head(k, "ingest").status for k in KEYS} == {"PENDING"}
-    assert query(ledger, "SELECT count(*) AS n FROM recorded_calls")[0]["n"] == 0
+    assert query(ledger, "SELECT count(*) AS n FROM recorded_calls")[0]["n"] == recorded
     results = [r for _, r in runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)]
     assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
     assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # nothing written twice
