@@ -21,13 +21,14 @@ from resources import faults
 from resources.errors import ConfigError, StormlakeError
 from resources.keys import split_partition_key
 from resources.lake import at_once
+from resources.ledger import CallRecord
 from resources.publisher import Artifact
 from resources.settings import Region
 
 if TYPE_CHECKING:
     from assets.runner import PhaseRunner
     from resources.landing import Landing
-    from resources.ledger import CallRecord, Checkpoint, Claim, Ledger
+    from resources.ledger import Checkpoint, Claim, Ledger
 
 
 class UpstreamNotReady(StormlakeError):
@@ -189,8 +190,6 @@ class MadeCalls:
 
     def records(self) -> list[CallRecord]:
         """What to record: every call made before the first one that failed, in order."""
-        from resources.ledger import CallRecord
-
         out: list[CallRecord] = []
         for i, ((name, input), key) in enumerate(zip(self.calls, self.keys, strict=True)):
             output = self.made.get(i)

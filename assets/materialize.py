@@ -6,10 +6,10 @@ together under one checkpoint, so the op cannot be subset. Every phase body is o
 :func:`materialize_phase`, which runs the phase once per partition and reports one
 materialization per table, with the table's standard metadata (row counts, name, URI, Delta
 version) next to the phase's outcome; the column schema is the asset's definition metadata
-(:func:`table_spec`), not repeated on every partition's materialization. Errors a retry can fix (ledger unreachable,
-webhook 5xx exhausted, lease timeout) propagate so that the op's retry policy applies; a user's
-bad input or a failed grader becomes ``dg.Failure`` with ``allow_retries=False`` and a one-line
-description.
+(:func:`table_spec`), not repeated on every partition's materialization. Errors a retry can
+fix (ledger unreachable, webhook 5xx exhausted, lease timeout) propagate so that the op's retry
+policy applies; a user's bad input or a failed grader becomes ``dg.Failure`` with
+``allow_retries=False`` and a one-line description.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from resources import faults
 from resources.errors import ConfigError, GraderError, LeaseTimeout, LedgerUnavailable, StormlakeError
 from resources.lake import Lake, PartitionWrite, WriteResult, at_once
 from resources.landing import Landing
-from resources.ledger import Checkpoint, Claim, Ledger
+from resources.ledger import Checkpoint, Claim, Decision, Ledger
 from resources.memory import keep_freed_memory
 from resources.publisher import Artifact, Target
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER, DEFAULT_WRITE_TOGETHER, Region
@@ -158,6 +158,14 @@ class _Prepared:
     lease: contextlib.ExitStack
 
     @property
+    def phase(self) -> Phase:
+        return self.ctx.phase
+
+    @property
+    def part(self) -> PartitionRef:
+        return self.ctx.partition
+
+    @property
     def rows(self) -> int:
         return sum(t.num_rows for t in self.out.tables.values())
 
@@ -179,7 +187,7 @@ class _Finished:
 
 def _let_go(p: _Prepared, exc: BaseException | None, *, log: Log | None = None) -> None:
     """Release a held partition's lease (:func:`_let_go_lease`)."""
-    _let_go_lease(p.lease, exc, log=log, what=f"{p.ctx.phase.name} {p.ctx.partition.key}")
+    _let_go_lease(p.lease, exc, log=log, what=f"{p.phase.name} {p.part.key}")
 
 
 def _let_go_lease(lease: contextlib.ExitStack, exc: BaseException | None, *, log: Log | None = None,
@@ -214,6 +222,10 @@ class _Claimed:
     ready: _Ready
     claim: Claim
     lease: contextlib.ExitStack
+
+    @property
+    def phase(self) -> Phase:
+        return self.ready.phase
 
     @property
     def part(self) -> PartitionRef:
@@ -594,15 +606,24 @@ class PhaseRunner:
             raise
         claimed: list[_Claimed] = []
         for (r, lease), decision in zip(leased, decisions, strict=True):
-            if decision.skip:
-                assert decision.head is not None
-                lease.close()
-                self.outcome_log(f"{phase.name} {r.part.key}: SKIPPED (completed by another run meanwhile)")
-                self._note(phase, r.part, Outcome(phase.name, r.part.key, "SKIPPED", decision.head), results)
-                continue
-            assert decision.claim is not None
-            claimed.append(_Claimed(r, decision.claim, lease))
+            got = self._claimed_or_skipped(r, decision, lease, "meanwhile")
+            if isinstance(got, Outcome):
+                self._note(phase, r.part, got, results)
+            else:
+                claimed.append(got)
         return claimed, busy, False
+
+    def _claimed_or_skipped(self, ready: _Ready, decision: Decision, lease: contextlib.ExitStack,
+                            when: str) -> _Claimed | Outcome:
+        """A claim's decision under its lease: the attempt claimed (the lease kept), or the skip of
+        a phase another run completed ``when`` (the lease let go)."""
+        if decision.skip:
+            assert decision.head is not None
+            lease.close()
+            self.outcome_log(f"{ready.phase.name} {ready.part.key}: SKIPPED (completed by another run {when})")
+            return Outcome(ready.phase.name, ready.part.key, "SKIPPED", decision.head)
+        assert decision.claim is not None
+        return _Claimed(ready, decision.claim, lease)
 
     def _decide(self, phase: Phase, part: PartitionRef, heads: list[Checkpoint] | None = None) -> Outcome | _Ready:
         """Steps 1-3 of the protocol: the partition's skip (recorded), or what its claim needs."""
@@ -650,13 +671,8 @@ class PhaseRunner:
         except BaseException as exc:
             lease.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if decision.skip:
-            assert decision.head is not None
-            lease.close()
-            self.outcome_log(f"{phase.name} {part.key}: SKIPPED (completed by another run while waiting)")
-            return Outcome(phase.name, part.key, "SKIPPED", decision.head)
-        assert decision.claim is not None
-        return self._attempt(_Claimed(decided, decision.claim, lease), compute, grader)
+        got = self._claimed_or_skipped(decided, decision, lease, "while waiting")
+        return got if isinstance(got, Outcome) else self._attempt(got, compute, grader)
 
     def _attempt(self, c: _Claimed, compute: Compute, grader: Grader | None) -> _Prepared:
         """Step 5 for a claimed partition: computed and graded, its lease held; on an error its
@@ -681,9 +697,8 @@ class PhaseRunner:
     def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Steps 6-8 for the partitions held: their tables written (together when several), their
         writes recorded in one statement (:meth:`_record_writes`), each one's deliveries made,
-        their checkpoints committed in one
-        statement (:meth:`Ledger.complete_all`), and their leases let go;
-        whether one of them failed with a transient error (the range then ends).
+        their checkpoints committed in one statement (:meth:`Ledger.complete_all`), and their
+        leases let go; whether one of them failed with a transient error (the range then ends).
 
         Every partition held is settled, each alone: COMPLETED, or FAILED with its own error. An
         exception that is not a :class:`StormlakeError` (a bug) is raised once the others are
@@ -703,10 +718,10 @@ class PhaseRunner:
             del unsettled[id(p)]
             _let_go(p, exc, log=self.log)
             if isinstance(exc, StormlakeError):
-                self._note(p.ctx.phase, p.ctx.partition, exc, results)
+                self._note(p.phase, p.part, exc, results)
                 transient = transient or exc.transient
             else:
-                self.ledger.tell_watchers(p.ctx.phase.name, p.ctx.partition.key, "FAILED")
+                self.ledger.tell_watchers(p.phase.name, p.part.key, "FAILED")
                 bug = bug or exc
 
         try:
@@ -718,7 +733,7 @@ class PhaseRunner:
                 try:
                     made = self._write(p, together)
                     # Written, none of the group's writes recorded yet (fault-injection point).
-                    faults.check("after_write", phase=p.ctx.phase.name, partition_key=p.ctx.partition.key)
+                    faults.check("after_write", phase=p.phase.name, partition_key=p.part.key)
                     writes.append((p, made))
                 except Exception as exc:
                     failed(p, exc)
@@ -736,7 +751,7 @@ class PhaseRunner:
             except Exception as exc:  # the statement as a whole: each partition fails with it
                 committed = [exc] * len(finished)
             for (p, f), cp in zip(finished, committed, strict=True):
-                phase, part = p.ctx.phase, p.ctx.partition
+                phase, part = p.phase, p.part
                 if isinstance(cp, Exception):
                     failed(p, cp)
                     continue
@@ -766,8 +781,7 @@ class PhaseRunner:
         message = ("not finished: the range step was interrupted" if computed
                    else "not started: the range step ended before its turn")
         for p in list(held):
-            phase, key = (p.ctx.phase.name, p.ctx.partition.key) if isinstance(p, _Prepared) else (
-                p.ready.phase.name, p.part.key)
+            phase, key = p.phase.name, p.part.key
             try:
                 self.ledger.fail(p.claim, error_class="RangeAbandoned", run_id=self.run_id, counts=False,
                                  error_message=message)
@@ -789,10 +803,10 @@ class PhaseRunner:
             todo = [p for p in held if p.call_key(table) not in p.claim.recorded]
             if len(todo) < 2:
                 return {}
-            writes = [PartitionWrite(p.ctx.partition.region.region_id, p.ctx.partition.day, p.out.tables[table],
+            writes = [PartitionWrite(p.part.region.region_id, p.part.day, p.out.tables[table],
                                      p.claim.seq, p.claim.checkpoint.first_seq) for p in todo]
             res = self.lake.overwrite_partitions(table, writes, keep=table in LAST_READER)
-            return {p.ctx.partition.key: r for p, r in zip(todo, res, strict=True)}
+            return {p.part.key: r for p, r in zip(todo, res, strict=True)}
 
         together: dict[tuple[str, str], WriteResult] = {}
         for table, res in zip(phase.tables, at_once([partial(write, t) for t in phase.tables]), strict=True):

@@ -121,30 +121,6 @@ def receipt_key(artifact_id: str, generation: int) -> str:
 
 
 @dataclass(frozen=True)
-class Receipt:
-    artifact_id: str
-    target: str
-    generation: int
-    idempotency_key: str
-    receipt_id: int
-    partition_key: str
-    region_id: str
-    day: str
-    kind: str
-    content_hash: str
-    size_bytes: int
-    target_ref: str
-    status: str
-    supersedes: str | None
-    checkpoint_id: int | None
-    attempts: int
-    last_error: str | None
-    response: Any
-    created_at: Any
-    delivered_at: Any
-
-
-@dataclass(frozen=True)
 class ReceiptRequest:
     """What a receipt is prepared for (:meth:`Ledger.prepare_receipts`): an artifact to a target."""
 
@@ -158,6 +134,22 @@ class ReceiptRequest:
     size_bytes: int
     target_ref: str
     checkpoint_id: int | None
+
+
+@dataclass(frozen=True)
+class Receipt(ReceiptRequest):
+    """A receipt row: what was prepared (:class:`ReceiptRequest`) and how its delivery stands."""
+
+    generation: int
+    idempotency_key: str
+    receipt_id: int
+    status: str
+    supersedes: str | None
+    attempts: int
+    last_error: str | None
+    response: Any
+    created_at: Any
+    delivered_at: Any
 
 
 @dataclass(frozen=True)
@@ -1014,14 +1006,10 @@ class Ledger:
                     conn.close()  # closing the session releases the advisory lock
 
     # ---- receipts ---------------------------------------------------------------------
-    def prepare_receipt(self, *, artifact_id: str, target: str, partition_key: str, region_id: str, day: str,
-                        kind: str, content_hash: str, size_bytes: int, target_ref: str,
-                        checkpoint_id: int | None) -> Receipt:
-        """The receipt of delivering ``artifact_id`` to ``target`` now (:meth:`prepare_receipts` of one)."""
-        (rec,) = self.prepare_receipts([ReceiptRequest(
-            artifact_id=artifact_id, target=target, partition_key=partition_key, region_id=region_id, day=day,
-            kind=kind, content_hash=content_hash, size_bytes=size_bytes, target_ref=target_ref,
-            checkpoint_id=checkpoint_id)])
+    def prepare_receipt(self, **request: Any) -> Receipt:
+        """The receipt of delivering an artifact to a target now: :meth:`prepare_receipts` of one
+        :class:`ReceiptRequest`, given by its fields."""
+        (rec,) = self.prepare_receipts([ReceiptRequest(**request)])
         return rec
 
     _LAST_RECEIPT_SQL = (
