@@ -1,7 +1,8 @@
 """Deliveries: every artifact to every target exactly once, guarded by receipts in the ledger.
 
 A receipt is prepared (PENDING) before the target is called and marked DELIVERED after; the call
-itself is a recorded call of the attempt, so a retried attempt never delivers twice. A
+itself is a recorded call of the attempt, so a retried attempt never delivers twice. The mark and
+the call's record are one statement. A
 partition's receipts are prepared together, in one transaction, before its first delivery.
 """
 
@@ -26,7 +27,7 @@ def deliver(ctx: PhaseContext, targets: list[Target], artifacts: list[Artifact])
 
     The receipts of all of them are prepared (PENDING, or found DELIVERED) in one transaction
     before the first target is called; each delivery is then marked DELIVERED as soon as its
-    target has it.
+    target has it, with its call recorded in the same statement (:meth:`Ledger.mark_delivered`).
     """
     delivered: list[str] = []
     part = ctx.partition
@@ -50,13 +51,17 @@ def deliver(ctx: PhaseContext, targets: list[Target], artifacts: list[Artifact])
                 ctx.ledger.note_delivery_attempt(rec, str(exc))
                 raise
             faults.check("after_delivery", phase=ctx.phase.name, partition_key=part.key)
-            ctx.ledger.mark_delivered(rec, response)
             return {"artifact_id": artifact.artifact_id, "target": target.name,
                     "idempotency_key": rec.idempotency_key, "response": response}
 
-        ctx.call("deliver", f"{target.name}:{artifact.kind}",
-                 {"artifact_id": artifact.artifact_id, "target": target.name,
-                  "idempotency_key": rec.idempotency_key}, send)
+        made = ctx.make_calls("deliver", [(f"{target.name}:{artifact.kind}",
+                                           {"artifact_id": artifact.artifact_id, "target": target.name,
+                                            "idempotency_key": rec.idempotency_key}, send)])
+        records = made.records()
+        # The receipt marked DELIVERED and the call recorded in one statement (a call answered
+        # from an earlier attempt's record was marked with it then; a failed one is not marked).
+        fenced = ctx.ledger.mark_delivered(rec, records[0].output["response"], records=records) if records else []
+        made.outputs(next((f for f in fenced if f is not None), None))
         delivered.append(f"{target.name}:{rec.idempotency_key}")
         _log.info("delivered %s to %s%s", rec.idempotency_key, target.name,
                   f" (supersedes {rec.supersedes})" if rec.supersedes else "")

@@ -92,6 +92,34 @@ def latest_observation_versions(instance: dg.DagsterInstance, asset_key: dg.Asse
     return {k: t[tag] for k, t in tags.items() if tag in t}
 
 
+def log_observations(context: dg.AssetExecutionContext, observations: list[dg.AssetObservation]) -> None:
+    """Log a step's observations as one batch: one insert for all of them, not one each.
+
+    ``context.log_event`` stores each observation on its own (about 4 ms each here: an insert,
+    its tags, the asset's index row, each in its own transaction), so the ingest step of a key
+    range run of 40 partitions spent 0.17 s observing its landing files. Dagster writes the
+    asset events of a step's output as one batch when they carry batch metadata (with
+    ``DAGSTER_EVENT_BATCH_SIZE`` set, :data:`pipeline.instance.EVENT_BATCH_ENV`), and
+    dagster-postgres stores a batch of observations with one insert. ``log_event`` takes no
+    batch metadata, so the events are made here as it makes them (``DagsterEvent.asset_observation``,
+    which logs the event, and the context's list of the step's events, which the step yields),
+    with the metadata of one batch. Without batch writing each is stored alone, as before.
+    """
+    from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
+
+    if len(observations) < 2:
+        for obs in observations:
+            context.log_event(obs)
+        return
+    op_context = context.op_execution_context
+    step = op_context._step_execution_context  # noqa: SLF001
+    batch_id = generate_event_batch_id()
+    last = len(observations) - 1
+    for i, obs in enumerate(observations):
+        op_context._events.append(  # noqa: SLF001 - what log_event does with the event it makes
+            DagsterEvent.asset_observation(step, obs, DagsterEventBatchMetadata(batch_id, i == last)))
+
+
 def refresh_input_version(context: dg.AssetExecutionContext, input_key: dg.AssetKey) -> None:
     """Make the running step read its input ``input_key``'s latest event again.
 

@@ -712,20 +712,27 @@ class Ledger:
         """
         if not calls:
             return []
+        first = calls[0]
+        return self._record(calls, "", {}, what=f"record the call {first.kind} {first.name}" if len(calls) == 1
+                            else f"record {len(calls)} calls")
+
+    def _record(self, calls: list[CallRecord], with_sql: str, params: dict[str, Any], *,
+                what: str) -> list[FencingError | None]:
+        """:meth:`record_calls` as one statement, after ``with_sql`` (the statement's other
+        common table expressions, each ending in a comma, with their ``params``)."""
         # One row per attempt and key (the same call recorded twice in one batch: its last output,
         # as two statements would leave it); PostgreSQL updates a row only once per statement.
         last = {(c.claim.id, c.claim.seq, c.call_key): n for n, c in enumerate(calls)}
         payload = [{"id": c.claim.id, "seq": c.claim.seq, "key": c.call_key, "kind": c.kind, "name": c.name,
                     "input": c.input, "output": c.output, "n": n}
                    for n, c in enumerate(calls) if last[(c.claim.id, c.claim.seq, c.call_key)] == n]
+        sql = (f"WITH {with_sql.rstrip().rstrip(',')} " if with_sql else "") + self._RECORD_CALLS_SQL
 
         def stmt(conn: psycopg.Connection) -> set[tuple[int, int, str]]:
-            rows = conn.execute(self._RECORD_CALLS_SQL, {"items": Jsonb(payload)}).fetchall()  # type: ignore[arg-type]
+            rows = conn.execute(sql, {**params, "items": Jsonb(payload)}).fetchall()  # type: ignore[arg-type]
             return {(int(r[0]), int(r[2]), r[1]) for r in rows}
 
-        first = calls[0]
-        done = self._run(stmt, single=True, what=f"record the call {first.kind} {first.name}" if len(calls) == 1
-                         else f"record {len(calls)} calls")
+        done = self._run(stmt, single=True, what=what)
         out: list[FencingError | None] = []
         for c in calls:
             if (c.claim.id, c.claim.seq, c.call_key) in done:
@@ -1089,15 +1096,30 @@ class Ledger:
             what=f"note a delivery attempt of {receipt.idempotency_key}",
         )
 
-    def mark_delivered(self, receipt: Receipt, response: dict[str, Any]) -> None:
-        self._run(
-            lambda c: c.execute(
-                "UPDATE receipts SET status = 'DELIVERED', delivered_at = coalesce(delivered_at, now()),"
-                " response = %s, last_error = NULL WHERE receipt_id = %s",
-                (Jsonb(response), receipt.receipt_id),
-            ),
-            what=f"mark {receipt.idempotency_key} delivered",
-        )
+    # The receipt marked DELIVERED in a transaction whose commit waits for the WAL flush,
+    # whatever the session says (as ``ledger_read.open`` does: a plain statement of the
+    # autocommit session, so one round trip instead of BEGIN, SET LOCAL, UPDATE, COMMIT).
+    _MARK_DELIVERED_SQL = (
+        "durable AS (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS setting),"
+        " marked AS (UPDATE receipts SET status = 'DELIVERED', delivered_at = coalesce(delivered_at, now()),"
+        "  response = %(response)s, last_error = NULL FROM durable WHERE receipt_id = %(receipt)s"
+        "  RETURNING receipt_id),"
+    )
+
+    def mark_delivered(self, receipt: Receipt, response: dict[str, Any], *,
+                       records: list[CallRecord] | None = None) -> list[FencingError | None]:
+        """Mark the receipt DELIVERED, durably (a receipt is what keeps a delivery from being
+        made twice), and record the delivery's call (``records``, :meth:`record_calls`) in the
+        same statement: one round trip and one commit for both. Returns what
+        :meth:`record_calls` returns for ``records``: the receipt is marked even if the attempt
+        lost its lease, since the target has the artifact."""
+        params = {"response": Jsonb(response), "receipt": receipt.receipt_id}
+        what = f"mark {receipt.idempotency_key} delivered"
+        if records:
+            return self._record(records, self._MARK_DELIVERED_SQL, params, what=what)
+        self._run(lambda c: c.execute(f"WITH {self._MARK_DELIVERED_SQL.rstrip(',')} SELECT count(*) FROM marked",
+                                      params).fetchone(), single=True, what=what)
+        return []
 
     def receipts(self, *, partition_key: str | None = None) -> list[Receipt]:
         def q(conn: psycopg.Connection) -> list[Receipt]:

@@ -110,6 +110,29 @@ def test_calls_recorded_together_are_each_fenced_on_their_own(ledger: Ledger) ->
         ledger.record_call(lost, call_key="deliver:x:1", kind="deliver", name="x", input={}, output={})
 
 
+def test_a_delivery_is_marked_and_its_call_recorded_in_one_statement(ledger: Ledger) -> None:
+    """``mark_delivered`` with the delivery's call: the receipt DELIVERED and the call recorded
+    together, in a statement whose commit waits for the WAL flush; an attempt that lost its lease
+    gets its receipt marked all the same (the target has the artifact) but its call refused."""
+    keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
+    held, lost = (ledger.claim(**{**ARGS, "partition_key": k, "region_id": k.split("|")[1]}).claim for k in keys)
+    assert held is not None and lost is not None
+    assert ledger.claim(**{**ARGS, "partition_key": keys[1], "region_id": "pine_belt"}).claim is not None  # takes over
+    recs = ledger.prepare_receipts([_request("a" * 16, "summary.json"), _request("b" * 16, "report.html")])
+    call = CallRecord(held, "deliver:file:summary.json:1", "deliver", "file:summary.json", {"n": 1}, {"response": {}})
+    assert ledger.mark_delivered(recs[0], {"path": "/a"}, records=[call]) == [None]
+    assert held.recorded == {call.call_key: {"response": {}}}
+    late = CallRecord(lost, "deliver:file:report.html:1", "deliver", "file:report.html", {"n": 1}, {"response": {}})
+    (fenced,) = ledger.mark_delivered(recs[1], {"path": "/b"}, records=[late])
+    assert isinstance(fenced, FencingError) and lost.recorded == {}
+    rows = query(ledger, "SELECT status, response FROM receipts ORDER BY receipt_id")
+    assert [(r["status"], r["response"]) for r in rows] == [("DELIVERED", {"path": "/a"}), ("DELIVERED", {"path": "/b"})]
+    calls = query(ledger, "SELECT checkpoint_id, call_key FROM recorded_calls")
+    assert [(r["checkpoint_id"], r["call_key"]) for r in calls] == [(held.id, call.call_key)]
+    # The statement's own setting makes its commit durable; the session's stays as it was.
+    assert query(ledger, "SHOW synchronous_commit")[0]["synchronous_commit"] == "off"
+
+
 def test_checkpoints_committed_together_are_each_fenced_on_their_own(ledger: Ledger) -> None:
     """``complete_all`` commits the attempts that still hold their lease in one statement, each as
     ``complete`` would (its recorded calls, its COMPLETED event, the partition's state), and
