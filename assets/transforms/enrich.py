@@ -13,6 +13,7 @@ and present too.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import h3
@@ -181,7 +182,45 @@ def cells_of_points(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.array([h3.int_to_str(int(x)) for x in uniq], dtype=object), inverse
 
 
-def feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
+class ByContent:
+    """A function of a reference frame whose results are kept per process, each for the content it
+    was computed from: a region's reference rows are the same in every partition of the region
+    (each day's ingest writes the region's rows of the reference files), and enrich and correlate
+    both derive the same tables from them. A frame whose ``columns`` (the ones ``fn`` reads) equal
+    a kept one's, value for value and in order, gets that result again, as a copy; any other is
+    computed. The last :data:`REFERENCE_RESULTS_KEPT` results are kept.
+
+    Comparing a region's few thousand rows takes about 0.1 ms; deriving the feeder and terrain
+    tables from them 3.3 and 2.5 ms (``bench`` at 500 rows, where a partition's compute is about
+    0.1 s), twice a partition.
+    """
+
+    def __init__(self, fn, columns: tuple[str, ...]):  # noqa: ANN001 - Callable[[pd.DataFrame], pd.DataFrame]
+        self.fn = fn
+        self.columns = columns
+        self.kept: dict[tuple, tuple[pd.DataFrame, pd.DataFrame]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, frame: pd.DataFrame) -> pd.DataFrame:
+        cols = [c for c in self.columns if c in frame.columns]
+        key = (tuple(cols), len(frame), frame[cols[0]].iat[0] if len(frame) and cols else None)
+        with self.lock:
+            hit = self.kept.get(key)
+        if hit is not None and all(frame[c].equals(hit[0][c]) for c in cols):
+            return hit[1].copy()
+        out = self.fn(frame)
+        with self.lock:
+            if len(self.kept) >= REFERENCE_RESULTS_KEPT:
+                self.kept.pop(next(iter(self.kept)))
+            self.kept[key] = (frame[cols].copy(), out.copy())
+        return out
+
+
+#: Results of :class:`ByContent` functions kept per function (a region's results each).
+REFERENCE_RESULTS_KEPT = 64
+
+
+def _feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
     """Per cell: the feeder with most customers (ties: smallest feeder_id) and the cell's total.
 
     Vectorised over factorized ids (a pandas group-by, sort and de-duplication cost about three
@@ -206,7 +245,7 @@ def feeder_table(customers: pd.DataFrame) -> pd.DataFrame:
                         index=pd.Index(np.asarray(cells, dtype=object)[pair_cell[best]], name="cell_id"))
 
 
-def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
+def _terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
     """One terrain row per cell (the first by source line when the reference repeats a cell)."""
     cols = ["elevation_m", "slope_deg", "vegetation_index", "flood_zone"]
     if len(terrain) == 0:
@@ -218,6 +257,13 @@ def terrain_table(terrain: pd.DataFrame) -> pd.DataFrame:
     out = terrain[cols].iloc[first]
     out.index = pd.Index(np.asarray(cells, dtype=object)[cell_code[first]], name="cell_id")
     return out
+
+
+#: Per cell: the feeder with most customers and the cell's total (:func:`_feeder_table`), kept per region's rows.
+feeder_table = ByContent(_feeder_table, ("cell_id", "feeder_id", "customers"))
+#: One terrain row per cell (:func:`_terrain_table`), kept per region's rows.
+terrain_table = ByContent(_terrain_table, ("cell_id", "source_line", "elevation_m", "slope_deg",
+                                           "vegetation_index", "flood_zone"))
 
 
 def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd.DataFrame, terrain: pd.DataFrame,

@@ -27,6 +27,7 @@ from assets.transforms.correlate import (
     disk_members,
 )
 from assets.transforms.enrich import (
+    ByContent,
     empty_frame,
     enrich_partition,
     feeder_table,
@@ -379,6 +380,33 @@ def _feeders_by_group_by(customers: pd.DataFrame) -> pd.DataFrame:
     best = best.drop_duplicates("cell_id").set_index("cell_id")
     total = per.groupby("cell_id", sort=True)["customers"].sum()
     return pd.DataFrame({"feeder_id": best["feeder_id"].astype(object), "cell_customers": total.astype(np.int64)})
+
+
+def test_a_reference_result_is_kept_for_its_content_only() -> None:
+    """``ByContent``: a region's reference rows of another day (the same cells, feeders and
+    counts) get the kept result, as a copy the caller may change; a frame that differs in one
+    value the function reads, or in a row, is computed again; columns it does not read are not
+    compared."""
+    calls = []
+
+    def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        calls.append(len(frame))
+        return feeder_table.fn(frame)
+
+    table = ByContent(derive, feeder_table.columns)
+    customers, _ = _reference(3, 200)
+    first = table(customers.assign(day="2026-09-01"))
+    again = table(customers.assign(day="2026-09-02"))
+    assert calls == [200]
+    pd.testing.assert_frame_equal(again, first)
+    again.iloc[0, again.columns.get_loc("cell_customers")] = -1  # the caller's own copy
+    pd.testing.assert_frame_equal(table(customers), first)
+    assert calls == [200]
+    changed = customers.copy()
+    changed.loc[changed.index[-1], "customers"] += 10
+    pd.testing.assert_frame_equal(table(changed), feeder_table.fn(changed))
+    table(customers.iloc[:-1])
+    assert calls == [200, 200, 199]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
