@@ -92,6 +92,47 @@ def latest_observation_versions(instance: dg.DagsterInstance, asset_key: dg.Asse
     return {k: t[tag] for k, t in tags.items() if tag in t}
 
 
+def add_asset_metadata(context: dg.AssetExecutionContext,
+                       entries: Iterable[tuple[str, str, dict[str, Any]]]) -> None:
+    """``context.add_asset_metadata(metadata, asset_key=table, partition_key=key)`` for each
+    ``(table, key, metadata)`` of a range step, checked and added at once.
+
+    Dagster's method checks each call's partition against the keys of the step's range, which it
+    lists again each time (``get_partition_keys_in_range`` of the multi-partitions definition),
+    and copies every entry added before into a new accumulator: about 0.5 ms a call, and a range
+    step of 40 partitions makes 400 (one per table and partition). Here the asset keys and the
+    partitions are checked once against the step's, with Dagster's own error for one that is not
+    being materialized, and the entries merged into the step's accumulator in one copy (the
+    accumulator and its handles are internal). Where those are missing, each entry goes through
+    the public method.
+    """
+    import dagster as dg
+
+    entries = list(entries)
+    try:
+        from dagster._core.execution.context.metadata_logging import AssetMetadataHandle, OutputMetadataAccumulator
+
+        step = context.get_step_execution_context()
+        accumulator = step._metadata_accumulator  # noqa: SLF001
+        assets_def = step.assets_def
+    except (ImportError, AttributeError):
+        for table, key, metadata in entries:
+            context.add_asset_metadata(metadata, asset_key=table, partition_key=key)
+        return
+    targeted = set(context.partition_keys)
+    handles = [(AssetMetadataHandle(asset_key=dg.AssetKey.from_coercible(table), partition_key=key), metadata)
+               for table, key, metadata in entries]
+    if assets_def is None or any(h.asset_key not in assets_def.keys or h.partition_key not in targeted
+                                 for h, _ in handles):
+        for table, key, metadata in entries:  # Dagster's own checks and errors
+            context.add_asset_metadata(metadata, asset_key=table, partition_key=key)
+        return
+    merged = dict(accumulator.per_output_metadata)
+    for handle, metadata in handles:
+        merged[handle] = {**merged.get(handle, {}), **metadata}
+    step._metadata_accumulator = OutputMetadataAccumulator(per_output_metadata=merged)  # noqa: SLF001
+
+
 def log_observations(context: dg.AssetExecutionContext, observations: list[dg.AssetObservation]) -> None:
     """Log a step's observations as one batch: one insert for all of them, not one each.
 
