@@ -470,9 +470,20 @@ class LedgerViews:
         return {r[0]: int(r[1]) for r in rows}
 
     def phase_seconds(self) -> dict[str, float]:
-        """phase -> seconds its head checkpoints took from claim to completion, summed."""
-        query = self._q("SELECT phase, sum(extract(epoch FROM completed_at - created_at))::float8"
-                        " FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED' GROUP BY phase")
+        """phase -> seconds during which one or more of its head checkpoints was in flight (claimed,
+        not yet completed): the union of their claim-to-completion spans, not their sum. A range
+        step claims a group of partitions together and commits them together, so their spans
+        overlap, and summing them would count the step's time once per partition of the group."""
+        query = self._q(
+            "WITH spans AS (SELECT phase, created_at AS s, completed_at AS e FROM {cp} c"
+            "  WHERE superseded_at IS NULL AND status = 'COMPLETED'),"
+            " marked AS (SELECT phase, s, e, CASE WHEN s <= max(e) OVER (PARTITION BY phase ORDER BY s, e"
+            "  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts FROM spans),"
+            " islands AS (SELECT phase, s, e, sum(starts) OVER (PARTITION BY phase ORDER BY s, e) AS island"
+            "  FROM marked)"
+            " SELECT phase, sum(extract(epoch FROM hi - lo))::float8 FROM"
+            " (SELECT phase, island, min(s) AS lo, max(e) AS hi FROM islands GROUP BY phase, island) i"
+            " GROUP BY phase")
         rows = self._read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
 

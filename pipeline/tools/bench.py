@@ -194,7 +194,7 @@ class Databases:
 
 
 def phase_seconds(ledger_dsn: str) -> dict[str, float]:
-    """Seconds per phase summed over the partitions: ``completed_at - created_at`` of each head."""
+    """Seconds per phase: the time one or more of its partitions was in flight (claim to commit)."""
     from resources.ledger import Ledger
     from resources.ledger_views import LedgerViews
 
@@ -877,12 +877,13 @@ def _run_lines(out: dict[str, Any]) -> list[str]:
 
 
 def _phase_lines(bare: dict[str, float], pipeline: dict[str, float]) -> list[str]:
-    """Seconds per phase, summed over the partitions, of the bare and the pipeline run."""
+    """Seconds per phase of the bare run (summed over its partitions, one at a time) and of the
+    pipeline (the time the phase had a partition in flight)."""
     if not bare and not pipeline:
         return []
     names = [p.name for p in PHASES]
     lines = ["", f"{'phase seconds (all partitions)':<34}" + "".join(f"{name:>11}" for name in names)]
-    for label, ph in (("bare (in the loop)", bare), ("pipeline (ledger claim->commit)", pipeline)):
+    for label, ph in (("bare (in the loop)", bare), ("pipeline (in flight, ledger)", pipeline)):
         if ph:
             lines.append(f"{label:<34}" + "".join(f"{ph.get(name, 0.0):>11.2f}" for name in names))
     return lines

@@ -228,3 +228,34 @@ def test_receipts_prepared_together_are_each_decided_as_alone(ledger: Ledger) ->
     ledger.mark_delivered(newer, {"path": "/x"})
     (back,) = ledger.prepare_receipts([_request("a" * 16, "summary.json")])
     assert (back.generation, back.supersedes, back.idempotency_key) == (2, newer.artifact_id, f"{back.artifact_id}#2")
+
+
+def test_phase_seconds_count_the_time_a_phase_was_in_flight_once(ledger: Ledger) -> None:
+    """Partitions claimed together (a range step) have overlapping claim-to-completion spans: the
+    bench's phase seconds are the union of the spans, not their sum."""
+    from resources.ledger_views import LedgerViews
+
+    def args(key: str) -> dict:
+        return {**ARGS, "partition_key": key, "region_id": key.split("|")[1]}
+
+    together = ledger.claim_all([args("2026-09-01|gulf_coast"), args("2026-09-01|pine_belt")])
+    for d in together:
+        ledger.complete(d.claim, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
+    alone = ledger.claim(**args("2026-09-02|gulf_coast")).claim
+    ledger.complete(alone, state_hash="s", summary={}, tier=3, tier_label="correlated", run_id="r")
+
+    rows = query(ledger, "SELECT created_at, completed_at FROM checkpoints WHERE superseded_at IS NULL"
+                         " AND phase = 'correlate' ORDER BY created_at, completed_at")
+    union, end = 0.0, None
+    for r in rows:
+        s, e = r["created_at"], r["completed_at"]
+        if end is None or s > end:
+            union += (e - s).total_seconds()
+            end = e
+        elif e > end:
+            union += (e - end).total_seconds()
+            end = e
+    summed = sum((r["completed_at"] - r["created_at"]).total_seconds() for r in rows)
+    assert rows[0]["created_at"] == rows[1]["created_at"]  # one claim transaction: the spans overlap
+    assert union < summed
+    assert LedgerViews(ledger).phase_seconds()["correlate"] == pytest.approx(union, abs=1e-6)
