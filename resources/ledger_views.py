@@ -474,16 +474,13 @@ class LedgerViews:
         not yet completed): the union of their claim-to-completion spans, not their sum. A range
         step claims a group of partitions together and commits them together, so their spans
         overlap, and summing them would count the step's time once per partition of the group."""
+        # Each span in order of claim counts from where the earlier ones reached (NULL for the
+        # first: greatest() passes over it) to its own end, if that lies further.
         query = self._q(
-            "WITH spans AS (SELECT phase, created_at AS s, completed_at AS e FROM {cp} c"
-            "  WHERE superseded_at IS NULL AND status = 'COMPLETED'),"
-            " marked AS (SELECT phase, s, e, CASE WHEN s <= max(e) OVER (PARTITION BY phase ORDER BY s, e"
-            "  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts FROM spans),"
-            " islands AS (SELECT phase, s, e, sum(starts) OVER (PARTITION BY phase ORDER BY s, e) AS island"
-            "  FROM marked)"
-            " SELECT phase, sum(extract(epoch FROM hi - lo))::float8 FROM"
-            " (SELECT phase, island, min(s) AS lo, max(e) AS hi FROM islands GROUP BY phase, island) i"
-            " GROUP BY phase")
+            "SELECT phase, sum(greatest(extract(epoch FROM e - greatest(s, reached)), 0))::float8 FROM"
+            " (SELECT phase, created_at AS s, completed_at AS e, max(completed_at) OVER (PARTITION BY phase"
+            "  ORDER BY created_at, completed_at ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached"
+            "  FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED') spans GROUP BY phase")
         rows = self._read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
 

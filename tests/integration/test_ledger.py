@@ -9,6 +9,7 @@ import pytest
 
 from resources.errors import FencingError, LedgerError
 from resources.ledger import CallRecord, Ledger, ReceiptRequest
+from resources.ledger_views import LedgerViews
 from tests.ledger_sql import query
 
 KEY = "2026-09-01|gulf_coast"
@@ -233,8 +234,6 @@ def test_receipts_prepared_together_are_each_decided_as_alone(ledger: Ledger) ->
 def test_phase_seconds_count_the_time_a_phase_was_in_flight_once(ledger: Ledger) -> None:
     """Partitions claimed together (a range step) have overlapping claim-to-completion spans: the
     bench's phase seconds are the union of the spans, not their sum."""
-    from resources.ledger_views import LedgerViews
-
     def args(key: str) -> dict:
         return {**ARGS, "partition_key": key, "region_id": key.split("|")[1]}
 
