@@ -110,7 +110,10 @@ def add_asset_metadata(context: dg.AssetExecutionContext,
 
     entries = list(entries)
     try:
-        from dagster._core.execution.context.metadata_logging import AssetMetadataHandle, OutputMetadataAccumulator
+        from dagster._core.execution.context.metadata_logging import (
+            AssetMetadataHandle,
+            OutputMetadataAccumulator,
+        )
 
         step = context.get_step_execution_context()
         accumulator = step._metadata_accumulator  # noqa: SLF001
