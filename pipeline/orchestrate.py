@@ -24,7 +24,7 @@ from assets.runner import Force
 from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
 from resources import dagster_compat, processes
 from resources.errors import LedgerUnavailable
-from resources.keys import LAUNCHED_BY, MAX_PARTITIONS_PER_RUN, split_partition_key
+from resources.keys import LAUNCHED_BY, MAX_PARTITIONS_PER_RUN, partition_key, split_partition_key
 from resources.ledger import Checkpoint, Ledger
 
 if TYPE_CHECKING:
@@ -285,6 +285,32 @@ def _rectangles(parts: list[tuple[str, str, str]], region_rank: dict[str, int], 
         else:
             out.extend([key for row in band for key in row] for band in _cut(rows, max(1, max_size // len(rows[0]))))
     return out
+
+
+def range_run_requests(keys: list[str], *, run_key: Callable[[list[str]], str],
+                       tags: dict[str, str]) -> list[dg.RunRequest]:
+    """Run requests over ``keys`` in the key ranges a UI backfill's runs have: at most
+    :data:`MAX_PARTITIONS_PER_RUN` partitions each, one day's neighbouring regions or one
+    region's consecutive days (:func:`contiguous_groups`), so that the schedule's and the
+    sensors' runs cost what a backfill's do, not a run (its creation, its launch, its events)
+    per partition. A group of one is a request of that partition (its run carries the state
+    hash as its data version); a longer one carries the range's tags, and the run coordinator
+    cuts it as it cuts a backfill's (:mod:`pipeline.range_runs`): partitions that have not
+    landed, or are dead-lettered, go to runs of their own. ``run_key`` names a group's run.
+    """
+    from assets.partitions import region_ids
+
+    # Dagster's order of the partitions of the keys' days: days, then the regions in their file's order.
+    order = [partition_key(day, region) for day in sorted({split_partition_key(k)[0] for k in keys})
+             for region in region_ids()]
+    requests = []
+    for group in contiguous_groups(keys, order, MAX_PARTITIONS_PER_RUN):
+        if len(group) == 1:
+            requests.append(dg.RunRequest(run_key=run_key(group), partition_key=group[0], tags=tags))
+        else:
+            requests.append(dg.RunRequest(run_key=run_key(group),
+                                          tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]}))
+    return requests
 
 
 def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, ledger: Ledger, group: list[str], *,

@@ -1,14 +1,16 @@
 """The daily schedule: yesterday's batch of every region, once the UTC day is over.
 
-``daily_storm_schedule`` is built from ``storm_job``'s partitions
-(``dg.build_schedule_from_partitioned_job``; the job takes them from its table assets, so the
-schedule is complete once the code location resolves the job: ``defs.resolve_schedule_def``).
-The day dimension is daily in UTC, so at 03:00 UTC it asks for one run per region of the day
-that just ended (``<yesterday>|<region>``), each with that partition key as its run key, so a
-tick evaluated twice (daemon restart, a manual "test tick") never launches a partition twice. A
-tick before the first full day of the partitions (``STORMLAKE_FIRST_DAY``) is skipped. A run for
-a partition that is already published only records skips in the ledger (the phases decide), so a
-late schedule after a manual backfill costs a few seconds and delivers nothing.
+``daily_storm_schedule`` runs at 03:00 UTC and asks for the partitions of the UTC day that just
+ended, every region's, in the key ranges a UI backfill's runs have
+(:func:`pipeline.orchestrate.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
+regions a run; a day of 50 regions is 7 runs, not 50). Each run's run key is its range
+(``<first key>..<last key>``, or the partition key for a range of one), so a tick evaluated
+twice (daemon restart, a manual "test tick") never launches a partition twice. The run
+coordinator cuts a range that holds regions whose files have not landed, or dead-lettered
+ones, into runs of one kind, as it cuts a backfill's (:mod:`pipeline.range_runs`). A tick before
+the first full day of the partitions (``STORMLAKE_FIRST_DAY``) is skipped. A run for partitions
+already published only records skips in the ledger (the phases decide), so a late schedule
+after a manual backfill costs a few seconds and delivers nothing.
 
 ``observe_landing_schedule`` runs the ``observe_landing`` job every 15 minutes: an observation of
 the landing files (no phase runs), so a changed landing file shows its partition of ingest stale
@@ -20,23 +22,37 @@ Both are STOPPED by default: turn them on in the UI (Automation), or with
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
 
+from assets.partitions import first_day, region_ids
 from pipeline.jobs import observe_landing, storm_job
-from resources.keys import LAUNCHED_BY
+from pipeline.orchestrate import range_run_requests
+from resources.keys import LAUNCHED_BY, partition_key
 
 OBSERVE_CRON = "*/15 * * * *"
 DAILY_HOUR_UTC = 3  # 03:00 UTC: late landing files of the previous day have had three hours
 
-daily_storm_schedule = dg.build_schedule_from_partitioned_job(
-    storm_job,
+
+@dg.schedule(
     name="daily_storm_schedule",
-    hour_of_day=DAILY_HOUR_UTC,
+    cron_schedule=f"0 {DAILY_HOUR_UTC} * * *",
+    execution_timezone="UTC",
+    job=storm_job,
     default_status=dg.DefaultScheduleStatus.STOPPED,
-    tags={LAUNCHED_BY: "daily_schedule"},
-    description="At 03:00 UTC, runs yesterday's batch of every region (one run per region; run key "
-                "<day>|<region>, the partition key). Stopped by default: turn it on in the UI (Automation).",
+    description="At 03:00 UTC, runs yesterday's batch of every region in key ranges of neighbouring regions, as a "
+                "UI backfill does (run key: the range). Stopped by default: turn it on in the UI (Automation).",
 )
+def daily_storm_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
+    at = context.scheduled_execution_time or dt.datetime.now(dt.UTC)
+    day = (at.astimezone(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
+    if day < first_day():
+        return dg.SkipReason(f"no partitions for {day}: the partitions start on {first_day()}")
+    keys = [partition_key(day, region) for region in region_ids()]
+    return range_run_requests(keys, run_key=lambda group: "..".join(dict.fromkeys((group[0], group[-1]))),
+                              tags={LAUNCHED_BY: "daily_schedule"})
+
 
 observe_landing_schedule = dg.ScheduleDefinition(
     name="observe_landing_schedule",

@@ -4,9 +4,12 @@
     Looks at every ``<region>/<day>/`` folder of the landing zone. A partition's fingerprint is the
     sizes and modification times of its two files and of the reference files (a ``stat`` each, no
     reading: :meth:`Landing.stat_fingerprint`), so a tick over a year of folders is cheap. The
-    cursor is a JSON map ``partition key -> fingerprint``; a partition whose fingerprint changed
-    (or is new) is requested with the run key ``landing:<key>:<fingerprint>``, so the same files
-    never launch twice and changed files always launch again. Before requesting, the ledger is
+    cursor is a JSON map ``partition key -> fingerprint``; the partitions whose fingerprint changed
+    (or are new) are requested in the key ranges a UI backfill's runs have
+    (:func:`pipeline.orchestrate.range_run_requests`), each with the run key
+    ``landing:<key>:<fingerprint>`` (one partition) or ``landing:<first>..<last>:<digest of the
+    fingerprints>`` (a range), so the same files never launch twice and changed files always
+    launch again. Before requesting, the ledger is
     asked (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
     touched but not changed), no run is launched. Folders of unknown regions, days before
     ``STORMLAKE_FIRST_DAY`` and days not over yet are ignored; a partition still missing a file
@@ -38,6 +41,7 @@ runs until an operator says so.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -48,6 +52,7 @@ from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
 from pipeline.jobs import storm_job
+from pipeline.orchestrate import range_run_requests
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.keys import LAUNCHED_BY
 from resources.landing import Landing
@@ -87,6 +92,15 @@ def scan_landing(landing: Landing, seen: dict[str, str], *, today: str) -> Landi
     return LandingScan(fingerprints, changed, waiting, ignored)
 
 
+def landing_run_key(group: list[str], fingerprints: dict[str, str]) -> str:
+    """The run key of a run over ``group`` for its files as they are: ``landing:<key>:<fingerprint>``
+    for one partition, ``landing:<first>..<last>:<digest of every key's fingerprint>`` for a range."""
+    if len(group) == 1:
+        return f"landing:{group[0]}:{fingerprints[group[0]]}"
+    digest = hashlib.sha256("\n".join(f"{k}={fingerprints[k]}" for k in group).encode()).hexdigest()[:16]
+    return f"landing:{group[0]}..{group[-1]}:{digest}"
+
+
 def _load_map(cursor: str | None) -> dict[str, str]:
     if not cursor:
         return {}
@@ -102,8 +116,9 @@ def _load_map(cursor: str | None) -> dict[str, str]:
     job=storm_job,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Requests a (day, region) batch when its landing files are new or changed "
-                "(run key landing:<key>:<fingerprint>) and observes landing_files for them. Stopped by default.",
+    description="Requests the (day, region) batches whose landing files are new or changed, in key ranges as a UI "
+                "backfill's runs (run key landing:<key>:<fingerprint>, or landing:<first>..<last>:<digest> for a "
+                "range), and observes landing_files for them. Stopped by default.",
 )
 def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
@@ -115,7 +130,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
     zone = landing.get()
     scan = scan_landing(zone, seen, today=dt.datetime.now(dt.UTC).date().isoformat())
     runner = None
-    requests: list[dg.RunRequest] = []
+    to_run: list[str] = []
     unchanged: list[str] = []
     for key in scan.changed:
         if runner is None:
@@ -123,11 +138,9 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
         if runner.preflight(PartitionRef.parse(key, regions)):
             unchanged.append(key)  # touched, not changed: every phase would skip
             continue
-        requests.append(dg.RunRequest(
-            run_key=f"landing:{key}:{scan.fingerprints[key]}",
-            partition_key=key,
-            tags={LAUNCHED_BY: "landing_sensor", "stormlake/landing_fingerprint": scan.fingerprints[key]},
-        ))
+        to_run.append(key)
+    requests = range_run_requests(to_run, run_key=lambda group: landing_run_key(group, scan.fingerprints),
+                                  tags={LAUNCHED_BY: "landing_sensor"})
     # Observations of landing_files where the content changed (changed and waiting partitions).
     observed = changed_versions(context.instance, zone, [*scan.changed, *scan.waiting])
     if observed:
@@ -141,7 +154,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
         context.log.info(f"{len(unchanged)} partition(s) touched but already done for this content: "
                          f"{', '.join(unchanged[:10])}")
     if requests:
-        context.log.info(f"requesting {len(requests)} partition(s): {', '.join(r.partition_key or '' for r in requests)}")
+        context.log.info(f"requesting {len(to_run)} partition(s) in {len(requests)} run(s): {', '.join(to_run[:10])}")
     cursor = json.dumps(scan.fingerprints, sort_keys=True, separators=(",", ":"))
     skip = None
     if not requests:

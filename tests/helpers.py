@@ -80,3 +80,14 @@ def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:
         assert len(set(statuses.values())) == 1, f"{name}: its tables disagree: {statuses}"
         out[phase.asset] = next(iter(statuses.values()))
     return out
+
+
+def requested_keys(request: dg.RunRequest) -> list[str]:
+    """The partitions a run request asks for: its key range, or its one partition."""
+    from assets.partitions import PARTITIONS
+    from pipeline.orchestrate import RANGE_END_TAG, RANGE_START_TAG
+
+    start, end = request.tags.get(RANGE_START_TAG), request.tags.get(RANGE_END_TAG)
+    if start and end:
+        return [str(k) for k in PARTITIONS.get_partition_keys_in_range(dg.PartitionKeyRange(start, end))]
+    return [str(request.partition_key)]

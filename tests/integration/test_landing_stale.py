@@ -23,7 +23,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from assets.landing_files import DATA_VERSION_TAG, LANDING_FILES, LANDING_KEY, landing_version
 from assets.phases import INGEST, PHASES, table_keys
 from resources.landing import Landing
-from tests.helpers import KEY
+from tests.helpers import KEY, requested_keys
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER = "2026-09-01|pine_belt"
@@ -272,7 +272,7 @@ def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], i
     all_keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
     first = tick(None)
     assert observed(first) == {k: _version(k) for k in all_keys}
-    assert sorted(r.partition_key for r in first.run_requests) == all_keys
+    assert sorted(k for r in first.run_requests for k in requested_keys(r)) == all_keys
 
     defs = _defs()
     _run_ingest(defs, instance, KEY)  # its files were observed by the tick: nothing more logged
@@ -290,7 +290,7 @@ def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], i
     _change_outages(KEY)
     fourth = tick(third.cursor)
     assert observed(fourth) == {KEY: _version(KEY)}
-    assert [r.partition_key for r in fourth.run_requests] == [KEY]
+    assert [k for r in fourth.run_requests for k in requested_keys(r)] == [KEY]
     # Stale in the UI as soon as the tick's observation is stored, before the requested run.
     assert _ingest_status(instance, KEY) == "STALE"
     assert _ingest_status(instance, OTHER) == "MISSING"

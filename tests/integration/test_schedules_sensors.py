@@ -16,12 +16,14 @@ import pytest
 
 from assets.partitions import region_ids
 from assets.phases import ENRICH, INGEST, PHASES, table_keys
-from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_sensor, outbox_sensor
+from pipeline.range_runs import range_keys
+from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_run_key, landing_sensor, outbox_sensor
 from resources.dagster_compat import fail_dead_run
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
+from resources.keys import MAX_PARTITIONS_PER_RUN
 from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
-from tests.helpers import KEY, materialize
+from tests.helpers import KEY, materialize, requested_keys
 from tests.ledger_sql import query
 
 UTC = dt.UTC
@@ -72,18 +74,21 @@ def daily_storm_schedule(ctx: dg.ScheduleEvaluationContext):
     return defs.resolve_schedule_def("daily_storm_schedule")(ctx)
 
 
-def test_daily_schedule_requests_yesterday_for_every_region() -> None:
+def test_daily_schedule_requests_yesterday_for_every_region_in_key_ranges(sl_env: dict[str, str], instance) -> None:
     ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 3, 0, tzinfo=UTC))
     requests = daily_storm_schedule(ctx)
     regions = region_ids()
-    assert len(requests) == len(regions) >= 2
-    assert [r.partition_key for r in requests] == [f"2026-09-02|{r}" for r in regions]
-    # The run key is the partition key: a tick evaluated twice never launches a partition twice.
-    assert [r.run_key for r in requests] == [f"2026-09-02|{r}" for r in regions]
+    # Every region of yesterday once, in runs of neighbouring regions as a UI backfill's: fewer
+    # runs than partitions, none over the backfill policy's size.
+    assert [k for r in requests for k in requested_keys(r)] == [f"2026-09-02|{r}" for r in regions]
+    assert len(requests) == -(-len(regions) // MAX_PARTITIONS_PER_RUN) < len(regions)
+    assert all(len(requested_keys(r)) <= MAX_PARTITIONS_PER_RUN for r in requests)
+    # The run key is the range: a tick evaluated twice never launches a partition twice.
+    assert [r.run_key for r in requests] == [f"{requested_keys(r)[0]}..{requested_keys(r)[-1]}" for r in requests]
     assert all(r.tags["stormlake/launched_by"] == "daily_schedule" for r in requests)
-    from assets.partitions import PARTITIONS
-
-    assert all(PARTITIONS.has_partition_key(r.partition_key) for r in requests)
+    # A run made from a request is the key range run the run coordinator cuts (pipeline.range_runs).
+    run = instance.create_run_for_job(_storm_job(), tags=requests[0].tags)
+    assert range_keys(run) == requested_keys(requests[0])
 
 
 def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick() -> None:
@@ -92,7 +97,7 @@ def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick() -> None:
     ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 23, 30, tzinfo=chicago))
     first = daily_storm_schedule(ctx)
     again = daily_storm_schedule(ctx)
-    assert {r.partition_key.split("|")[0] for r in first} == {"2026-09-03"}
+    assert {k.split("|")[0] for r in first for k in requested_keys(r)} == {"2026-09-03"}
     assert [r.run_key for r in first] == [r.run_key for r in again]  # same tick, same run keys
 
 
@@ -112,7 +117,7 @@ def test_daily_schedule_evaluates_through_the_code_location() -> None:
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     data = schedule.evaluate_tick(dg.build_schedule_context(
         scheduled_execution_time=dt.datetime(2026, 9, 2, 3, 0, tzinfo=UTC), repository_def=defs.get_repository_def()))
-    assert {r.partition_key for r in data.run_requests or []} == {f"2026-09-01|{r}" for r in region_ids()}
+    assert {k for r in data.run_requests or [] for k in requested_keys(r)} == {f"2026-09-01|{r}" for r in region_ids()}
 
 
 # ---- the landing sensor ------------------------------------------------------------------------
@@ -139,12 +144,14 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     _write(landing / "gulf_coast/2026-09-03/outages.csv", (landing / "gulf_coast/2026-09-01/outages.csv").read_text())
 
     first = _landing_tick(None, instance)
-    keys = sorted(r.partition_key for r in first.run_requests)
+    keys = sorted(k for r in first.run_requests for k in requested_keys(r))
     assert keys == ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
+    assert len(first.run_requests) == 2  # a day's two neighbouring regions a run
     cursor = json.loads(first.cursor)
     assert sorted(cursor) == keys
     for r in first.run_requests:
-        assert r.run_key == f"landing:{r.partition_key}:{cursor[r.partition_key]}"
+        assert r.run_key == landing_run_key(requested_keys(r), cursor)
+        assert r.run_key.startswith(f"landing:{requested_keys(r)[0]}..{requested_keys(r)[-1]}:")
         assert r.tags["stormlake/launched_by"] == "landing_sensor"
 
     # Nothing changed: nothing requested, same cursor.
@@ -170,12 +177,21 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     weather.write_text("".join(lines[:-1]))
     _write(landing / "gulf_coast/2026-09-03/weather.csv", (landing / "gulf_coast/2026-09-01/weather.csv").read_text())
     fourth = _landing_tick(third.cursor, instance)
-    assert sorted(r.partition_key for r in fourth.run_requests) == ["2026-09-01|pine_belt", "2026-09-03|gulf_coast"]
+    assert sorted(k for r in fourth.run_requests for k in requested_keys(r)) == ["2026-09-01|pine_belt", "2026-09-03|gulf_coast"]
     new_cursor = json.loads(fourth.cursor)
     pine = next(r for r in fourth.run_requests if r.partition_key == "2026-09-01|pine_belt")
     assert pine.run_key == f"landing:2026-09-01|pine_belt:{new_cursor['2026-09-01|pine_belt']}"
     assert pine.run_key not in {r.run_key for r in first.run_requests}
     assert "atlantis" not in fourth.cursor and "2026-08-31" not in fourth.cursor and today not in fourth.cursor
+
+
+def test_a_range_the_landing_sensor_requests_runs_each_of_its_partitions(sl_env: dict[str, str], instance) -> None:
+    (request, *_) = _landing_tick(None, instance).run_requests
+    assert len(requested_keys(request)) == 2
+    result = _storm_job().execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
+    assert result.success
+    for key in requested_keys(request):
+        assert {phase: cp.status for phase, cp in _heads(key).items()} == {p.name: "COMPLETED" for p in PHASES}
 
 
 def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: dict[str, str], instance) -> None:
@@ -184,11 +200,11 @@ def test_landing_sensor_changed_reference_file_requests_every_partition(sl_env: 
     ref = landing / "reference/customers.csv"
     ref.write_text(ref.read_text() + "\n")
     again = _landing_tick(first.cursor, instance)
-    assert len(again.run_requests) == 4
+    assert len([k for r in again.run_requests for k in requested_keys(r)]) == 4
     assert {r.run_key for r in again.run_requests}.isdisjoint({r.run_key for r in first.run_requests})
     # The reference files are part of every partition's landing_files version: all four are observed anew.
     versions = [{e.partition: e.tags["dagster/data_version"] for e in t.asset_events} for t in (first, again)]
-    assert sorted(versions[0]) == sorted(versions[1]) == sorted(r.partition_key for r in again.run_requests)
+    assert sorted(versions[0]) == sorted(versions[1]) == sorted(k for r in again.run_requests for k in requested_keys(r))
     assert all(versions[0][k] != versions[1][k] for k in versions[0])
 
 

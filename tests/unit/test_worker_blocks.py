@@ -16,13 +16,16 @@ from assets.partitions import PARTITIONS
 from pipeline.orchestrate import (
     MAX_PARTITIONS_PER_RUN,
     MAX_SMALL_PARTITIONS_PER_RUN,
+    RANGE_START_TAG,
     RUN_LANDING_BYTES,
     _pin,
     contiguous_groups,
     partitions_per_run,
+    range_run_requests,
     worker_blocks,
     worker_cores,
 )
+from tests.helpers import requested_keys
 
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont", "blue_ridge", "tidewater")  # the region file's order
 ORDER = PARTITIONS.get_partition_keys()
@@ -51,6 +54,18 @@ def test_a_range_is_a_day_of_neighbouring_regions_or_a_region_of_consecutive_day
     check_ranges(contiguous_groups(spread, ORDER, 8), spread)
     gappy = [k for k in keys(4) if not k.endswith("|red_hills")]
     check_ranges(contiguous_groups(gappy, ORDER, 8), gappy)
+
+
+def test_run_requests_are_the_ranges_of_a_backfill_and_a_range_of_one_is_its_partition() -> None:
+    gappy = [k for k in keys(3) if k != "2026-09-02|piedmont"]
+    requests = range_run_requests(gappy, run_key=lambda g: f"{g[0]}..{g[-1]}", tags={"t": "v"})
+    ranges = [requested_keys(r) for r in requests]
+    assert ranges == contiguous_groups(gappy, ORDER, MAX_PARTITIONS_PER_RUN)
+    check_ranges(ranges, gappy)
+    assert [r.run_key for r in requests] == [f"{g[0]}..{g[-1]}" for g in ranges]
+    assert all(r.tags["t"] == "v" for r in requests)
+    (alone,) = range_run_requests(["2026-09-01|piedmont"], run_key=lambda g: g[0], tags={})
+    assert alone.partition_key == "2026-09-01|piedmont" and RANGE_START_TAG not in alone.tags
 
 
 def test_one_range_or_one_worker_is_one_block() -> None:
