@@ -20,6 +20,7 @@ project's PostgreSQL instance.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -588,3 +589,54 @@ def test_a_bad_partition_of_a_ui_range_fails_alone(one_bad_partition: tuple[list
     assert sorted(done) == good, sorted(done)
     want = {**dict.fromkeys(good, dg.AssetPartitionStatus.MATERIALIZED), bad: dg.AssetPartitionStatus.FAILED}
     assert shown == {"outages_raw": want, "region_day_summary": want}, shown
+
+
+LAUNCH_RUN = """
+mutation LaunchRun($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message stack } ... on Error { message }
+  }
+}
+"""
+
+RUNS_TAGGED = """
+query Runs($key: String!, $value: String!) {
+  runsOrError(filter: {tags: [{key: $key, value: $value}]}) {
+    ... on Runs { results { id status tags { key value } } }
+  }
+}
+"""
+
+
+def test_the_daily_schedule_s_range_runs_through_the_run_queue_as_a_backfill_s(dagster_dev: Dagster) -> None:
+    """The schedule's tick for 2026-09-01 is one key range over the day's six regions, launched
+    as the UI's "test tick" launches it (its tags, through the run queue). Two of the regions
+    landed: stormlake's run coordinator cuts the range into a run of those two, which publishes
+    them, and a run of the four that did not land, which passes over them."""
+    from pipeline.definitions import defs
+    from tests.helpers import requested_keys
+
+    d = dagster_dev
+    location, repo = _location(d)
+    tick = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 2, 3, 0, tzinfo=dt.UTC))
+    (request,) = defs.resolve_schedule_def("daily_storm_schedule")(tick)
+    day = requested_keys(request)
+    landed = [k for k in KEYS if k.startswith("2026-09-01|")]
+    assert len(day) == 6 and set(landed) < set(day)
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": repo, "jobName": "storm_job"},
+              "runConfigData": {}, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in request.tags.items()]}}
+    res = d.gql(LAUNCH_RUN, {"params": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        runs = d.gql(RUNS_TAGGED, {"key": "stormlake/launched_by", "value": "daily_schedule"})["runsOrError"]["results"]
+        # The coordinator makes a cut range's copies when it submits the range: all are here then.
+        if runs and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
+            break
+        assert time.monotonic() < deadline and d.proc.poll() is None, (runs, d.tail())
+        time.sleep(1)
+    assert sorted(_run_keys(r) for r in runs) == sorted([landed, [k for k in day if k not in landed]]), runs
+    assert all(r["status"] == "SUCCESS" for r in runs), [(r["status"], _run_keys(r)) for r in runs]
+    _check_warm_workers(runs)
+    tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in _status(d.env)["partitions"]}
+    assert tiers == dict.fromkeys(landed, 4), tiers
