@@ -13,8 +13,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -288,7 +288,9 @@ def _rectangles(parts: list[tuple[str, str, str]], region_rank: dict[str, int], 
 
 
 def range_run_requests(keys: list[str], *, run_key: Callable[[list[str]], str],
-                       tags: dict[str, str]) -> list[dg.RunRequest]:
+                       tags: dict[str, str] | Callable[[list[str]], dict[str, str]],
+                       asset_selection: Sequence[dg.AssetKey] | None = None,
+                       asset_check_keys: Sequence[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
     """Run requests over ``keys`` in the key ranges a UI backfill's runs have: at most
     :data:`MAX_PARTITIONS_PER_RUN` partitions each, one day's neighbouring regions or one
     region's consecutive days (:func:`contiguous_groups`), so that the schedule's and the
@@ -296,20 +298,27 @@ def range_run_requests(keys: list[str], *, run_key: Callable[[list[str]], str],
     per partition. A group of one is a request of that partition (its run carries the state
     hash as its data version); a longer one carries the range's tags, and the run coordinator
     cuts it as it cuts a backfill's (:mod:`pipeline.range_runs`): partitions that have not
-    landed, or are dead-lettered, go to runs of their own. ``run_key`` names a group's run.
+    landed, or are dead-lettered, go to runs of their own. ``run_key`` names a group's run;
+    ``tags`` are every run's, or a group's own when a callable. ``asset_selection`` and
+    ``asset_check_keys`` (with the selection) narrow every run to those assets and checks (the
+    outbox sensor's continuations: the phases after the one that completed).
     """
     from assets.partitions import region_ids
 
     # Dagster's order of the partitions of the keys' days: days, then the regions in their file's order.
     order = [partition_key(day, region) for day in sorted({split_partition_key(k)[0] for k in keys})
              for region in region_ids()]
+    selection: dict[str, Any] = {}
+    if asset_selection is not None:
+        selection = {"asset_selection": list(asset_selection), "asset_check_keys": list(asset_check_keys or [])}
     requests = []
     for group in contiguous_groups(keys, order, MAX_PARTITIONS_PER_RUN):
+        own = tags(group) if callable(tags) else tags
         if len(group) == 1:
-            requests.append(dg.RunRequest(run_key=run_key(group), partition_key=group[0], tags=tags))
+            requests.append(dg.RunRequest(run_key=run_key(group), partition_key=group[0], tags=own, **selection))
         else:
-            requests.append(dg.RunRequest(run_key=run_key(group),
-                                          tags={**tags, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]}))
+            requests.append(dg.RunRequest(run_key=run_key(group), **selection,
+                                          tags={**own, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]}))
     return requests
 
 

@@ -25,8 +25,12 @@
     failures, and continues partitions that stopped between phases: when a partition's latest
     event is a COMPLETED phase other than present, the run that produced it is over (or unknown
     to this instance), and the next phase is not already COMPLETED on that result, it requests
-    the table assets of the remaining phases (and their graders) for the partition with the run
-    key ``outbox:<event id>``. While the producing run is still in progress the event is kept
+    the table assets of the remaining phases (and their graders) for the partition. Partitions
+    that stopped after the same phase are requested together in the key ranges of a backfill's
+    runs (at most 8 neighbouring regions or consecutive days a run), with the run key
+    ``outbox:<event id>`` (one partition) or ``outbox:<event id>,<event id>,…`` (a range, its
+    partitions' events in key order); the run coordinator cuts such a range as it cuts a
+    backfill's. While the producing run is still in progress the event is kept
     pending in the cursor and looked at again on the next tick. FAILED events are only reported:
     retrying is the run-retry policy's job. Each tick records in the ledger (``event_readers``,
     reader ``outbox_sensor``) how far it has read: the position of the cursor the tick started
@@ -52,7 +56,7 @@ from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
 from pipeline.jobs import storm_job
-from pipeline.orchestrate import range_run_requests
+from pipeline.orchestrate import RANGE_END_TAG, RANGE_START_TAG, range_run_requests
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.keys import LAUNCHED_BY
 from resources.landing import Landing
@@ -218,20 +222,35 @@ def _run_in_progress(instance: dg.DagsterInstance, run_id: str | None) -> bool:
     return run is not None and not run.is_finished
 
 
-def continuation_request(p: Pending) -> dg.RunRequest:
-    """The run of the phases after ``p.phase`` for ``p.partition_key``: their tables and graders."""
+def outbox_run_key(group: list[Pending]) -> str:
+    """``outbox:<event id>`` of a partition's continuation, ``outbox:<id>,<id>,…`` of a key range's
+    (its partitions' events in key order): the same events never launch twice."""
+    return "outbox:" + ",".join(str(p.event_id) for p in group)
+
+
+def continuation_requests(ready: list[Pending]) -> list[dg.RunRequest]:
+    """The runs of the phases after each event's phase, for its partition: the phases' tables and
+    graders. Partitions that stopped after the same phase are continued together, in the key
+    ranges of a backfill's runs (:func:`pipeline.orchestrate.range_run_requests`): a year's
+    backfill whose runs died is continued by one run per range, not one per partition; a range
+    of one is a request of its partition."""
     from assets.materialize import grader_key
 
-    idx = [ph.name for ph in PHASES].index(p.phase)
-    remaining = PHASES[idx + 1:]
-    return dg.RunRequest(
-        run_key=f"outbox:{p.event_id}",
-        partition_key=p.partition_key,
-        asset_selection=table_keys(remaining),
-        asset_check_keys=[dg.AssetCheckKey(grader_key(ph), "grader") for ph in remaining],
-        tags={LAUNCHED_BY: "outbox_sensor", "stormlake/outbox_event": str(p.event_id),
-              "stormlake/resume_after": p.phase},
-    )
+    requests: list[dg.RunRequest] = []
+    names = [ph.name for ph in PHASES]
+    for phase in sorted({p.phase for p in ready}, key=names.index):
+        remaining = PHASES[names.index(phase) + 1:]
+        of = {p.partition_key: p for p in ready if p.phase == phase}
+
+        def tags(group: list[str], phase: str = phase, of: dict[str, Pending] = of) -> dict[str, str]:
+            return {LAUNCHED_BY: "outbox_sensor", "stormlake/outbox_event": ",".join(str(of[k].event_id) for k in group),
+                    "stormlake/resume_after": phase}
+
+        requests += range_run_requests(
+            sorted(of), run_key=lambda group, of=of: outbox_run_key([of[k] for k in group]), tags=tags,
+            asset_selection=table_keys(remaining),
+            asset_check_keys=[dg.AssetCheckKey(grader_key(ph), "grader") for ph in remaining])
+    return requests
 
 
 def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: OutboxCursor, *,
@@ -275,7 +294,7 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
     latest = LedgerViews(ledger).last_event_ids(keys)
     heads = {(cp.partition_key, cp.phase): cp for cp in ledger.heads(keys)}
     pending: dict[str, Pending] = {}
-    requests: list[dg.RunRequest] = []
+    ready: list[Pending] = []
     for key in keys:
         p = candidates[key]
         if latest.get(key) != p.event_id:
@@ -288,9 +307,13 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         if _run_in_progress(instance, p.run_id):
             pending[key] = p  # its own run may still go on to the next phase: look again next tick
             continue
-        requests.append(continuation_request(p))
-        lines.append(f"continuing {key} after {p.phase} (event {p.event_id}, run {p.run_id or '-'} is over): "
-                     f"{', '.join(r.to_user_string() for r in requests[-1].asset_selection or [])}")
+        ready.append(p)
+        lines.append(f"continuing {key} after {p.phase} (event {p.event_id}, run {p.run_id or '-'} is over)")
+    requests = continuation_requests(ready)
+    for r in requests:
+        keys_of = (f"{r.tags[RANGE_START_TAG]}..{r.tags[RANGE_END_TAG]}" if RANGE_START_TAG in r.tags
+                   else str(r.partition_key))
+        lines.append(f"run {r.run_key} for {keys_of}: {', '.join(k.to_user_string() for k in r.asset_selection or [])}")
     return OutboxDecision(OutboxCursor(after, pending), requests, lines)
 
 
@@ -300,7 +323,8 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Reads the ledger's checkpoint events, reports progress and failures, and continues a "
-                "partition that stopped between phases (run key outbox:<event id>). Stopped by default.",
+                "partition that stopped between phases, neighbours together in key ranges (run key outbox:<event ids>). "
+                "Stopped by default.",
 )
 def outbox_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     decision = evaluate_outbox(ledger.get(), context.instance, OutboxCursor.parse(context.cursor))

@@ -259,6 +259,41 @@ def test_outbox_continues_a_partition_stopped_between_phases(sl_env: dict[str, s
     assert OutboxCursor.parse(after.cursor).pending == {}
 
 
+def test_outbox_continues_neighbours_stopped_after_the_same_phase_in_one_key_range(
+        sl_env: dict[str, str], instance) -> None:
+    # Two neighbouring regions of a day stopped after ingest, a third partition after enrich.
+    third = "2026-09-02|gulf_coast"
+    for key in (KEY, OTHER):
+        assert materialize(key, selection=table_keys(INGEST), instance=instance).success
+    assert materialize(third, selection=table_keys([INGEST, ENRICH]), instance=instance).success
+    events = {key: _completed_event(key, "ingest") for key in (KEY, OTHER)}
+    enrich_event = _completed_event(third, "enrich")
+
+    tick = _outbox_tick(instance, None)
+    assert len(tick.run_requests) == 2
+    pair, alone = tick.run_requests
+    assert requested_keys(pair) == [KEY, OTHER]  # one run for the range, not one a partition
+    assert pair.run_key == f"outbox:{events[KEY]},{events[OTHER]}"
+    assert pair.tags["stormlake/outbox_event"] == f"{events[KEY]},{events[OTHER]}"
+    assert pair.tags["stormlake/resume_after"] == "ingest"
+    assert pair.asset_selection == table_keys(PHASES[1:])
+    assert sorted(k.to_user_string() for k in pair.asset_check_keys) == sorted(f"{p.tables[0]}:grader" for p in PHASES[1:])
+    assert (alone.partition_key, alone.run_key) == (third, f"outbox:{enrich_event}")
+    assert alone.asset_selection == table_keys(PHASES[2:])
+
+    # The range's request is a valid run of storm_job: both partitions finish, ingest is not run again.
+    done = _storm_job().execute_in_process(instance=instance, tags=pair.tags, asset_selection=pair.asset_selection,
+                                           raise_on_error=False)
+    assert done.success
+    for key in (KEY, OTHER):
+        heads = _heads(key)
+        assert [heads[p.name].status for p in PHASES] == ["COMPLETED"] * 4
+        assert heads["ingest"].attempt == 1
+    # Both moved on: the next tick from the same cursor continues only the third.
+    again = _outbox_tick(instance, None)
+    assert [r.run_key for r in again.run_requests] == [f"outbox:{enrich_event}"]
+
+
 def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, str], instance) -> None:
     from assets import ingest
     from assets.context import PartitionRef
