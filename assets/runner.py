@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -67,6 +70,19 @@ def prepare_process() -> None:
 
 
 _prepared = False
+
+#: The thread a range step's held partitions are finished in (written, recorded, delivered,
+#: committed) while the step computes its next partition: one a process, one flush at a time.
+_flusher: tuple[int, ThreadPoolExecutor] | None = None
+_flusher_lock = threading.Lock()
+
+
+def _flusher_pool() -> ThreadPoolExecutor:
+    global _flusher
+    with _flusher_lock:
+        if _flusher is None or _flusher[0] != os.getpid():  # a forked child makes its own thread
+            _flusher = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-flush"))
+        return _flusher[1]
 
 
 _log = logging.getLogger("stormlake.runner")
@@ -257,6 +273,7 @@ class PhaseRunner:
         # A partition's outcome line (COMPLETED, SKIPPED); by default with the other lines.
         self.outcome_log: Log = outcome_log or self.log
         self.lease_timeout_s = lease_timeout_s
+        self._behind: Future[bool] | None = None  # the flush in flight (:meth:`_flush_behind`)
         prepare_process()
 
     # ---- 1. input hash -----------------------------------------------------------------
@@ -446,7 +463,9 @@ class PhaseRunner:
         50 ms a commit on a table of a year's partitions). A partition that fails is alone in
         failing; a write together that fails leaves each partition to write alone. A lease that
         another run holds is never waited for while this one holds others: such a partition is
-        left out of its group and taken on its own once the partitions held are finished.
+        left out of its group and taken on its own once the partitions held are finished. When
+        another partition is to be computed, the partitions held are finished in the flusher
+        thread meanwhile (:meth:`_flush_behind`); the last ones on this thread.
 
         The first transient error (the ledger unreachable) ends the range after the partitions
         already computed are finished: the step fails for Dagster's retry. Any other exception
@@ -487,42 +506,48 @@ class PhaseRunner:
                         self.ledger.tell_watchers(phase.name, c.part.key, "FAILED")
                         raise
                     window = max(1, min(self.write_together, RANGE_WRITE_ROWS // max(1, prepared.rows)))
-                    stop = self._hold(prepared, pending, results)
+                    more = bool(claimed or busy) or i < len(parts)
+                    stop = self._hold(prepared, pending, results, more=more)
                 for j, part in enumerate(busy):  # their leases are held by another run: one by one
                     if stop:
                         break
                     following = busy[j + 1:j + 2] or parts[i:i + 1]
                     if following:
                         self.prefetch(phase, following[0])
-                    stop = self._one(phase, part, compute, grader, pending, results)
-            self._flush(pending, results)
+                    stop = self._one(phase, part, compute, grader, pending, results, more=bool(following))
+            self._flush_now(pending, results)
         except Exception:
             self._abandon(claimed, computed=False)
+            self._settle_behind()
             self._flush(pending, results)  # a bug raised for one partition: the ones held are finished first
             raise
         except BaseException:
             self._abandon(claimed, computed=False)
-            self._abandon(pending)  # an interrupt: the ones held are let go, recorded FAILED
+            self._settle_behind()  # an interrupt: the flush in flight ends as it would have
+            self._abandon(pending)  # the ones held are let go, recorded FAILED
             raise
         self._abandon(claimed, computed=False)  # a transient error ended the range before them
         return [(part.key, results[part.key]) for part in parts if part.key in results]
 
-    def _hold(self, prepared: _Prepared, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+    def _hold(self, prepared: _Prepared, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError],
+              *, more: bool = False) -> bool:
         """Hold a computed partition for the write together, flushing as the limits say; whether
-        a flush ended the range (a transient error)."""
+        a flush ended the range (a transient error). ``more``: whether the step computes another
+        partition after this one; a flush is then made behind (:meth:`_flush_behind`)."""
+        flush = self._flush_behind if more else self._flush_now
         # A big partition is written alone: the small ones held go first.
-        ended = prepared.rows >= RANGE_WRITE_ROWS and self._flush(pending, results)
+        ended = prepared.rows >= RANGE_WRITE_ROWS and flush(pending, results)
         pending.append(prepared)
         return ended or ((len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS)
-                         and self._flush(pending, results))
+                         and flush(pending, results))
 
     def _one(self, phase: Phase, part: PartitionRef, compute: Compute, grader: Grader | None,
-             pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+             pending: list[_Prepared], results: dict[str, Outcome | StormlakeError], *, more: bool = False) -> bool:
         """One partition on its own (its lease waited for, once the partitions held are finished);
         whether the range ends (a transient error)."""
         try:
             prepared = self._prepare(phase, part, compute, grader,
-                                     before_waiting=lambda: self._flush(pending, results))
+                                     before_waiting=lambda: self._flush_now(pending, results))
         except StormlakeError as exc:
             self._note(phase, part, exc, results)
             return exc.transient
@@ -532,7 +557,54 @@ class PhaseRunner:
         if isinstance(prepared, Outcome):
             self._note(phase, part, prepared, results)
             return False
-        return self._hold(prepared, pending, results)
+        return self._hold(prepared, pending, results, more=more)
+
+    def _flush_behind(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+        """Finish the partitions held in the flusher thread while the step computes its next
+        partition; whether the flush before this one ended the range (a transient error).
+
+        A flush is mostly Delta writes and content hashes in delta-rs, the Parquet encoder and
+        sha256, which leave the interpreter free, and ledger round trips: the next partition's
+        transforms, mostly on the interpreter, run on the other core meanwhile. One flush is in
+        flight at a time (the one before is waited for first), so at most the partitions of two
+        flushes hold their leases and their tables at once. Each partition still goes through
+        the protocol in order (written, recorded, delivered, committed, its lease let go); only
+        when it does moves: while the next one computes instead of before. A bug in a flush is
+        raised in the step when the flush is waited for.
+        """
+        ended = self._join_behind()
+        if not pending:
+            return ended
+        held, pending[:] = list(pending), []
+        self._behind = _flusher_pool().submit(self._flush, held, results)
+        return ended
+
+    def _flush_now(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
+        """The flush in flight waited for, then the partitions held finished here; whether either
+        ended the range."""
+        ended = self._join_behind()
+        return self._flush(pending, results) or ended
+
+    def _join_behind(self) -> bool:
+        """Wait for the flush in flight; whether it ended the range. A bug in it is raised here."""
+        behind = self._behind
+        if behind is None:
+            return False
+        try:
+            ended = behind.result()
+        except Exception:
+            self._behind = None
+            raise
+        self._behind = None  # an interrupt while waiting leaves it for _settle_behind
+        return ended
+
+    def _settle_behind(self) -> None:
+        """Wait for the flush in flight while the step is ending on an error of its own (a bug or
+        an interrupt): every partition of it is settled by then; a bug of its own is logged."""
+        try:
+            self._join_behind()
+        except Exception as exc:  # noqa: BLE001 - the step's own error is the one raised
+            self.log(f"a flush of this step also failed: {exc.__class__.__name__}: {exc}")
 
     def _note(self, phase: Phase, part: PartitionRef, result: Outcome | StormlakeError,
               results: dict[str, Outcome | StormlakeError]) -> None:

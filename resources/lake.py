@@ -47,8 +47,9 @@ PREFETCH_NICE = 10
 CACHE_BUDGET_BYTES = 768 * 1024 * 1024
 CREATE_TRIES = 5  # a table creation racing another process's is tried again
 CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
-#: Threads that write (and hash) a phase's tables at once: a phase writes at most five.
-WRITER_THREADS = 5
+#: Threads that write (and hash) a phase's tables at once: a phase writes at most five, and a
+#: range step's flush behind (``assets.runner``) writes while the next partition hashes its own.
+WRITER_THREADS = 10
 T = TypeVar("T")
 
 _writers: tuple[int, ThreadPoolExecutor] | None = None

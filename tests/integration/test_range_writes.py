@@ -288,3 +288,85 @@ def test_a_failed_record_statement_fails_only_the_partitions_that_had_writes_to_
 
     monkeypatch.setattr(runner.ledger, "record_calls", record_calls)
     assert runner._record_writes([(None, answered), (None, made)]) == [None, down]  # type: ignore[list-item]
+
+
+# ---- the flush behind: a partition finished while the next one computes --------------------
+def test_each_partition_is_finished_in_the_flusher_while_the_next_one_computes(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written one at a time (as big partitions are), a partition's flush (writes, records,
+    commit) waits here until the next partition's compute has started: it can only finish if
+    the two overlap. The last one is finished on the step's own thread."""
+    runner.write_together = 1
+    started = {k: threading.Event() for k in KEYS}
+    flushes: list[tuple[str, str, bool]] = []  # (partition, thread, whether the next one had started)
+    flush = runner._flush
+
+    def compute(ctx):  # noqa: ANN001, ANN202
+        started[ctx.partition.key].set()
+        return ingest.compute(ctx)
+
+    def watched(held, results):  # noqa: ANN001, ANN202
+        if not held:
+            return flush(held, results)
+        (p,) = held
+        i = KEYS.index(p.part.key)
+        overlapped = i + 1 < len(KEYS) and started[KEYS[i + 1]].wait(60)
+        flushes.append((p.part.key, threading.current_thread().name, overlapped))
+        return flush(held, results)
+
+    monkeypatch.setattr(runner, "_flush", watched)
+    results = [r for _, r in runner.run_range(INGEST, _parts(runner), compute, ingest.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    assert [(k, t.startswith("stormlake-flush"), o) for k, t, o in flushes] == [
+        (KEYS[0], True, True), (KEYS[1], True, True), (KEYS[2], True, True), (KEYS[3], False, False)]
+    assert all(_commits(runner, t) == 4 for t in INGEST.tables)
+    assert [o.checkpoint.attempt for o in results] == [1] * 4
+    _assert_each_partition_holds_what_it_computed(runner, results)
+    assert _advisory_locks(ledger) == 0
+
+
+def test_a_bug_in_a_flush_behind_is_raised_once_the_partition_computed_meanwhile_is_finished(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner.write_together = 1
+    commit = runner._commit
+
+    def broken(p, made, fenced):  # noqa: ANN001, ANN202 - a bug in the first partition's commit
+        if p.part.key == KEYS[0]:
+            raise ValueError("a bug in a flush")
+        return commit(p, made, fenced)
+
+    monkeypatch.setattr(runner, "_commit", broken)
+    with pytest.raises(ValueError, match="a bug in a flush"):
+        runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
+    heads = {k: ledger.head(k, "ingest") for k in KEYS}
+    assert (heads[KEYS[0]].status, heads[KEYS[0]].error_class) == ("FAILED", "ValueError")
+    assert heads[KEYS[1]].status == "COMPLETED"  # computed while the first was flushed: finished
+    assert heads[KEYS[2]] is None and heads[KEYS[3]] is None  # the step ended before them
+    assert _advisory_locks(ledger) == 0
+    monkeypatch.undo()
+    again = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
+    assert [again[k].status for k in KEYS] == ["COMPLETED", "SKIPPED", "COMPLETED", "COMPLETED"]
+
+
+def test_a_transient_error_in_a_flush_behind_ends_the_range_after_the_partition_computed_meanwhile(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resources.errors import LedgerUnavailable
+
+    runner.write_together = 1
+    complete_all = ledger.complete_all
+    calls = []
+
+    def down_once(items, run_id):  # noqa: ANN001, ANN202 - the ledger gone for the first commit
+        calls.append([c.checkpoint.partition_key for c, *_ in items])
+        if len(calls) == 1:
+            raise LedgerUnavailable("ledger unreachable while trying to commit (test)")
+        return complete_all(items, run_id)
+
+    monkeypatch.setattr(runner.ledger, "complete_all", down_once)
+    results = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
+    assert list(results) == KEYS[:2]
+    assert isinstance(results[KEYS[0]], LedgerUnavailable) and results[KEYS[0]].transient
+    assert isinstance(results[KEYS[1]], Outcome) and results[KEYS[1]].status == "COMPLETED"
+    assert calls == [[KEYS[0]], [KEYS[1]]]
+    assert ledger.head(KEYS[2], "ingest") is None and ledger.head(KEYS[3], "ingest") is None
+    assert _advisory_locks(ledger) == 0
