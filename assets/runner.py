@@ -37,7 +37,7 @@ from assets.hashing import hash_json, table_hash
 from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
 from resources import faults
-from resources.errors import ConfigError, GraderError, LeaseTimeout, LedgerUnavailable, StormlakeError
+from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
 from resources.lake import Lake, PartitionWrite, WriteResult, at_once
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Decision, Ledger
@@ -155,7 +155,7 @@ FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason
 
 
 #: A range step writes the tables of at most ``STORMLAKE_WRITE_TOGETHER`` partitions at once
-#: (:attr:`PhaseRunner.write_together`; their leases held meanwhile, one ledger connection each)
+#: (:attr:`PhaseRunner.write_together`; their leases held meanwhile, on one ledger session a group)
 #: and of at most about this many rows in all: a big partition is written alone, as soon as it
 #: is computed (its commit is a small part of its cost, and its rows are not kept waiting).
 RANGE_WRITE_ROWS = 50_000
@@ -647,8 +647,8 @@ class PhaseRunner:
 
     def _claim_all(self, phase: Phase, ready: list[_Ready], results: dict[str, Outcome | StormlakeError]
                    ) -> tuple[list[_Claimed], list[PartitionRef], bool]:
-        """Step 4 for partitions with work: each one's lease taken if it is free, then their
-        attempts claimed in one transaction (:meth:`Ledger.claim_all`). The claimed ones (their
+        """Step 4 for partitions with work: each one's lease taken if it is free (all at once, on one
+        ledger session), then their attempts claimed in one transaction (:meth:`Ledger.claim_all`). The claimed ones (their
         leases held), the ones whose lease another run holds (left for :meth:`_one`), and
         whether a transient error ends the range. A skip or an error goes to ``results``."""
         leased: list[tuple[_Ready, contextlib.ExitStack]] = []
@@ -659,13 +659,13 @@ class PhaseRunner:
                 _let_go_lease(lease, exc, log=self.log)
 
         try:
-            for r in ready:
-                lease = contextlib.ExitStack()
-                try:
-                    lease.enter_context(self.ledger.lease(r.part.key, phase.name, timeout_s=0))  # if it is free
-                except LeaseTimeout:
+            # Every free lease of the group at once, on one session (Ledger.try_leases).
+            for r, taken in zip(ready, self.ledger.try_leases([(r.part.key, phase.name) for r in ready]), strict=True):
+                if taken is None:
                     busy.append(r.part)
                     continue
+                lease = contextlib.ExitStack()
+                lease.enter_context(taken)
                 leased.append((r, lease))
             decisions = self.ledger.claim_all([r.args for r, _ in leased]) if leased else []
         except StormlakeError as exc:

@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -256,6 +256,38 @@ class Decision:
     head: Checkpoint | None
     claim: Claim | None = None
 
+
+
+class _LeaseGroup:
+    """The leases :meth:`Ledger.try_leases` took together on one session; each let go on its own."""
+
+    def __init__(self, ledger: Ledger, conn: psycopg.Connection, held: int):
+        self._ledger = ledger
+        self._conn = conn
+        self._held = held
+        self._reusable = True
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lease(self, key: int, what: str) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self._let_go(key, what)
+
+    def _let_go(self, key: int, what: str) -> None:
+        released = False
+        try:
+            released = bool(self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"ledger connection lost while holding the lease for {what}") from exc
+        finally:
+            with self._lock:
+                self._held -= 1
+                self._reusable = self._reusable and released
+                last, reusable = self._held == 0, self._reusable
+            if last:
+                self._ledger._lease_session_done(self._conn, reusable=reusable)  # noqa: SLF001
 
 class Ledger:
     """One connection pool per process and DSN; see :func:`get_ledger`.
@@ -973,17 +1005,7 @@ class Ledger:
         asks once: :class:`LeaseTimeout` at once if another session holds it.
         """
         key = _lock_key("stormlake-lease", partition_key, phase)
-        with self._open_lock:
-            conn = self._lease_conns.pop() if self._lease_conns else None
-        if conn is None or conn.closed:
-            try:
-                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                       options=_session_options(self.dsn, self.role))
-            except psycopg.OperationalError as exc:
-                raise LedgerUnavailable(
-                    f"ledger unreachable while taking the lease for {phase} of {partition_key}"
-                    f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
-                ) from exc
+        conn = self._lease_session(f"the lease for {phase} of {partition_key}")
         reusable = False
         try:
             start = time.monotonic()
@@ -1005,12 +1027,62 @@ class Ledger:
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"ledger connection lost while holding the lease for {phase} of {partition_key}") from exc
         finally:
-            if reusable:
-                with self._open_lock:
-                    self._lease_conns.append(conn)
-            else:
-                with contextlib.suppress(psycopg.Error):
-                    conn.close()  # closing the session releases the advisory lock
+            self._lease_session_done(conn, reusable=reusable)
+
+    def try_leases(self, items: Sequence[tuple[str, str]]) -> list[contextlib.AbstractContextManager[None] | None]:
+        """Take each of the (partition key, phase) leases of ``items`` that is free, all at once
+        on one session: a context per lease taken (its exit lets that lease go), None for one
+        another session holds. Never waits.
+
+        A range step claims the partitions it computes next together (``assets.runner``): one
+        round trip and one ledger connection for the group, where :meth:`lease` takes one of
+        each a partition. The session serves this process's next leases once every lease of
+        the group is let go; closing it (a lost connection, a killed process) lets all of them
+        go at once, as it does a lease of its own.
+        """
+        if not items:
+            return []
+        keys = [_lock_key("stormlake-lease", key, phase) for key, phase in items]
+        what = f"the leases of {len(items)} partitions for {items[0][1]}"
+        conn = self._lease_session(what)
+        try:
+            granted = [bool(r[0]) for r in conn.execute(
+                "SELECT pg_try_advisory_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
+                (keys,)).fetchall()]
+        except psycopg.Error as exc:
+            self._lease_session_done(conn, reusable=False)  # whatever it took dies with it
+            raise LedgerUnavailable(f"ledger connection lost while taking {what}") from exc
+        if not any(granted):
+            self._lease_session_done(conn, reusable=True)
+            return [None] * len(items)
+        group = _LeaseGroup(self, conn, sum(granted))
+        return [group.lease(key, name) if ok else None
+                for key, name, ok in zip(keys, (f"{phase} of {pk}" for pk, phase in items), granted, strict=True)]
+
+    def _lease_session(self, what: str) -> psycopg.Connection:
+        """A session for leases: one this process let go of, or a new one."""
+        with self._open_lock:
+            conn = self._lease_conns.pop() if self._lease_conns else None
+        if conn is None or conn.closed:
+            try:
+                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
+                                       options=_session_options(self.dsn, self.role))
+            except psycopg.OperationalError as exc:
+                raise LedgerUnavailable(
+                    f"ledger unreachable while taking {what}"
+                    f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
+                ) from exc
+        return conn
+
+    def _lease_session_done(self, conn: psycopg.Connection, *, reusable: bool) -> None:
+        """A lease session that holds no lease any more serves the next ones; any other is closed
+        (closing the session releases every advisory lock it holds)."""
+        if reusable:
+            with self._open_lock:
+                self._lease_conns.append(conn)
+        else:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     # ---- receipts ---------------------------------------------------------------------
     def prepare_receipt(self, **request: Any) -> Receipt:

@@ -258,3 +258,77 @@ def test_phase_seconds_count_the_time_a_phase_was_in_flight_once(ledger: Ledger)
     assert rows[0]["created_at"] == rows[1]["created_at"]  # one claim transaction: the spans overlap
     assert union < summed
     assert LedgerViews(ledger).phase_seconds()["correlate"] == pytest.approx(union, abs=1e-6)
+
+
+
+_HERE = "locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
+
+def _advisory_locks(ledger: Ledger) -> int:
+    with ledger.connection() as conn:
+        return conn.execute(f"SELECT count(*) FROM pg_locks WHERE {_HERE}").fetchone()[0]
+
+
+def _lock_sessions(ledger: Ledger) -> list[int]:
+    with ledger.connection() as conn:
+        return [r[0] for r in conn.execute(f"SELECT DISTINCT pid FROM pg_locks WHERE {_HERE}").fetchall()]
+
+
+def test_leases_taken_together_share_one_session_and_are_let_go_each_on_its_own(ledger: Ledger, pg_dsn: str) -> None:
+    keys = [f"2026-09-0{d}|gulf_coast" for d in (1, 2, 3)]
+    other = Ledger(pg_dsn)
+    try:
+        with other.lease(keys[1], "ingest", timeout_s=0):  # held elsewhere
+            taken = ledger.try_leases([(k, "ingest") for k in keys])
+            assert [t is not None for t in taken] == [True, False, True]
+            with taken[0], taken[2]:
+                assert _advisory_locks(ledger) == 3
+                assert len(_lock_sessions(ledger)) == 2  # the group's two leases on one session
+                assert other.try_leases([(keys[0], "ingest"), (keys[2], "ingest")]) == [None, None]
+        assert _advisory_locks(ledger) == 0
+        assert len(ledger._lease_conns) == 1  # the group's session serves the next leases
+        again = ledger.try_leases([(k, "ingest") for k in keys])
+        assert all(t is not None for t in again) and ledger._lease_conns == []
+        with again[0]:
+            pass
+        assert _advisory_locks(ledger) == 2 and ledger._lease_conns == []  # two still held on it
+        with again[1], again[2]:
+            pass
+        assert _advisory_locks(ledger) == 0 and len(ledger._lease_conns) == 1
+    finally:
+        other.close()
+
+
+def test_leases_taken_together_die_with_their_session(ledger: Ledger, pg_dsn: str) -> None:
+    import time
+
+    from resources.errors import LedgerUnavailable
+
+    keys = [f"2026-09-0{d}|gulf_coast" for d in (1, 2)]
+    taken = ledger.try_leases([(k, "ingest") for k in keys])
+    assert all(t is not None for t in taken)
+    for t in taken:
+        t.__enter__()
+    (pid,) = _lock_sessions(ledger)
+    # The session is gone, as with a killed process or a lost connection (as the DSN's own user:
+    # the ledger's sessions take on a role that may not end another's).
+    with psycopg.connect(ledger.dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    for _ in range(600):  # the server ends the session after answering; bounded only for a failure
+        if _advisory_locks(ledger) == 0:
+            break
+        time.sleep(0.05)
+    assert _advisory_locks(ledger) == 0
+    other = Ledger(pg_dsn)
+    try:
+        free = other.try_leases([(k, "ingest") for k in keys])
+        assert all(t is not None for t in free)
+        for t in free:
+            with t:
+                pass
+    finally:
+        other.close()
+    for t in taken:  # letting go on the dead session says so; the lock died with it
+        with pytest.raises(LedgerUnavailable):
+            t.__exit__(None, None, None)
+    assert ledger._lease_conns == []  # the dead session is not kept
