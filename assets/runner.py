@@ -8,6 +8,7 @@ On any error: FAILED with the error, in its own transaction, then re-raise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -38,7 +39,7 @@ from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
 from resources import faults
 from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
-from resources.lake import Lake, PartitionWrite, WriteResult, at_once
+from resources.lake import Lake, PartitionWrite, WriteResult, at_once, in_background
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Decision, Ledger
 from resources.memory import keep_freed_memory
@@ -170,8 +171,13 @@ class _Prepared:
     basis: dict[str, Any]
     out: PhaseOutput
     checks: list[Check]
-    hashes: dict[str, str]
+    hashing: dict[str, Future[str]]  # each table's content hash, computing since the tables were made
     lease: contextlib.ExitStack
+
+    @functools.cached_property
+    def hashes(self) -> dict[str, str]:
+        """Each table's content hash (:func:`table_hash`), waited for (first needed by the writes)."""
+        return {table: digest.result() for table, digest in self.hashing.items()}
 
     @property
     def phase(self) -> Phase:
@@ -759,12 +765,12 @@ class PhaseRunner:
                                           reason=self.force.reason,
                                           detail={"force_id": self.force.id, "run_id": self.run_id})
             ctx = PhaseContext(self, phase, part, c.ready.ups, claim)
-            out, checks, hashes = self._compute(ctx, compute, grader)
+            out, checks, hashing = self._compute(ctx, compute, grader)
         except BaseException as exc:
             self._record_failure(claim, exc)
             c.lease.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        return _Prepared(ctx, claim, c.ready.basis, out, checks, hashes, c.lease)
+        return _Prepared(ctx, claim, c.ready.basis, out, checks, hashing, c.lease)
 
     def _flush(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Steps 6-8 for the partitions held: their tables written (together when several), their
@@ -910,11 +916,13 @@ class PhaseRunner:
             self.log(f"could not record the failure in the ledger: {inner}")
 
     def _compute(self, ctx: PhaseContext, compute: Compute,
-                 grader: Grader | None) -> tuple[PhaseOutput, list[Check], dict[str, str]]:
-        """Steps 4-5: the phase computed and graded; its tables' content hashes (computed at once,
-        in the lake's writer threads)."""
+                 grader: Grader | None) -> tuple[PhaseOutput, list[Check], dict[str, Future[str]]]:
+        """Steps 4-5: the phase computed and graded; its tables' content hashes, computing in the
+        lake's writer threads from the moment the tables are made (while the phase grades them
+        and the step goes on; :attr:`_Prepared.hashes` waits for them)."""
         phase, part = ctx.phase, ctx.partition
         out = compute(ctx)
+        hashing = {t: in_background(partial(table_hash, out.tables[t])) for t in phase.tables}
         checks = list(schema_checks(phase, out))
         if grader is not None:
             checks.extend(grader(ctx, out))
@@ -924,13 +932,7 @@ class PhaseRunner:
                 f"{phase.name} of {part.key} failed its grader: "
                 + "; ".join(f"{c.name}: {c.detail}" for c in failed[:3])
             )
-        hashes: dict[str, str] = {}
-        tables = list(phase.tables)
-        for table, digest in zip(tables, at_once([partial(table_hash, out.tables[t]) for t in tables]), strict=True):
-            if isinstance(digest, BaseException):
-                raise digest
-            hashes[table] = digest
-        return out, checks, hashes
+        return out, checks, hashing
 
     def _write(self, p: _Prepared, together: dict[tuple[str, str], WriteResult]) -> MadeCalls:
         """Step 6 for one partition: its writes (made already when ``together`` has them), each a

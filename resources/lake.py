@@ -56,6 +56,21 @@ _writers: tuple[int, ThreadPoolExecutor] | None = None
 _writers_lock = threading.Lock()
 
 
+def _writer_pool() -> ThreadPoolExecutor:
+    global _writers
+    with _writers_lock:
+        if _writers is None or _writers[0] != os.getpid():  # a forked child makes its own threads
+            _writers = (os.getpid(), ThreadPoolExecutor(max_workers=WRITER_THREADS,
+                                                        thread_name_prefix="stormlake-writer"))
+        return _writers[1]
+
+
+def in_background(call: Callable[[], T]) -> Future[T]:
+    """Start ``call`` in the process's writer threads; its future (a phase's table hashes are
+    computed this way while the step goes on, ``assets.runner``)."""
+    return _writer_pool().submit(call)
+
+
 def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
     """Run ``calls`` in the process's writer threads at once; their results in the same order,
     an exception where a call raised one (the caller decides what to do with the others).
@@ -70,12 +85,7 @@ def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
             return [calls[0]()]
         except Exception as exc:  # noqa: BLE001 - handed back to the caller, in order
             return [exc]
-    global _writers
-    with _writers_lock:
-        if _writers is None or _writers[0] != os.getpid():  # a forked child makes its own threads
-            _writers = (os.getpid(), ThreadPoolExecutor(max_workers=WRITER_THREADS,
-                                                        thread_name_prefix="stormlake-writer"))
-        pool = _writers[1]
+    pool = _writer_pool()
     futures = [pool.submit(call) for call in calls]
     return [f.exception() or f.result() for f in futures]
 
