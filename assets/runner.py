@@ -541,8 +541,13 @@ class PhaseRunner:
         a flush ended the range (a transient error). ``more``: whether the step computes another
         partition after this one; a flush is then made behind (:meth:`_flush_behind`)."""
         flush = self._flush_behind if more else self._flush_now
-        # A big partition is written alone: the small ones held go first.
-        ended = prepared.rows >= RANGE_WRITE_ROWS and flush(pending, results)
+        ended = False
+        if prepared.rows >= RANGE_WRITE_ROWS:  # a big partition is written alone: the small ones held go first
+            try:
+                ended = flush(pending, results)
+            except BaseException:
+                pending.append(prepared)  # the step's error path finishes it (or lets it go) with the others
+                raise
         pending.append(prepared)
         return ended or ((len(pending) >= self.write_together or sum(p.rows for p in pending) >= RANGE_WRITE_ROWS)
                          and flush(pending, results))
@@ -551,26 +556,31 @@ class PhaseRunner:
              pending: list[_Prepared], results: dict[str, Outcome | StormlakeError], *, more: bool = False) -> bool:
         """One partition on its own (its lease waited for, once the partitions held are finished);
         whether the range ends (a transient error)."""
+        ended = False
+
+        def before_waiting() -> None:
+            nonlocal ended
+            ended = self._flush_now(pending, results) or ended
+
         try:
-            prepared = self._prepare(phase, part, compute, grader,
-                                     before_waiting=lambda: self._flush_now(pending, results))
+            prepared = self._prepare(phase, part, compute, grader, before_waiting=before_waiting)
         except StormlakeError as exc:
             self._note(phase, part, exc, results)
-            return exc.transient
+            return exc.transient or ended
         except BaseException:
             self.ledger.tell_watchers(phase.name, part.key, "FAILED")
             raise
         if isinstance(prepared, Outcome):
             self._note(phase, part, prepared, results)
-            return False
-        return self._hold(prepared, pending, results, more=more)
+            return ended
+        return self._hold(prepared, pending, results, more=more) or ended
 
     def _flush_behind(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
         """Finish the partitions held in the flusher thread while the step computes its next
         partition; whether the flush before this one ended the range (a transient error).
 
-        A flush is mostly Delta writes and content hashes in delta-rs, the Parquet encoder and
-        sha256, which leave the interpreter free, and ledger round trips: the next partition's
+        A flush is mostly Delta writes in delta-rs and the Parquet encoder, which leave the
+        interpreter free, and ledger round trips: the next partition's
         transforms, mostly on the interpreter, run on the other core meanwhile. One flush is in
         flight at a time (the one before is waited for first), so at most the partitions of two
         flushes hold their leases and their tables at once. Each partition still goes through
@@ -918,12 +928,12 @@ class PhaseRunner:
     def _compute(self, ctx: PhaseContext, compute: Compute,
                  grader: Grader | None) -> tuple[PhaseOutput, list[Check], dict[str, Future[str]]]:
         """Steps 4-5: the phase computed and graded; its tables' content hashes, computing in the
-        lake's writer threads from the moment the tables are made (while the phase grades them
-        and the step goes on; :attr:`_Prepared.hashes` waits for them)."""
+        lake's writer threads from the moment the tables are conformed to their schemas (while
+        the grader runs and the step goes on; :attr:`_Prepared.hashes` waits for them)."""
         phase, part = ctx.phase, ctx.partition
         out = compute(ctx)
-        hashing = {t: in_background(partial(table_hash, out.tables[t])) for t in phase.tables}
-        checks = list(schema_checks(phase, out))
+        checks = list(schema_checks(phase, out))  # each table conformed to its schema: what is written
+        hashing = {t: in_background(partial(table_hash, out.tables[t])) for t in phase.tables if t in out.tables}
         if grader is not None:
             checks.extend(grader(ctx, out))
         failed = [c for c in checks if not c.passed]

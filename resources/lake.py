@@ -76,8 +76,9 @@ def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
     an exception where a call raised one (the caller decides what to do with the others).
 
     A phase's tables are written this way: a Delta write spends most of its time in delta-rs
-    and the Parquet encoder with the GIL released, and a table's content hash in sha256, also
-    without the GIL, so the writes of five tables take about half the time of five in a row.
+    and the Parquet encoder with the GIL released, so the writes of five tables take about half
+    the time of five in a row (their content hashes, sha256 also without the GIL, are started
+    earlier, :func:`in_background`).
     One call runs on the calling thread.
     """
     if len(calls) == 1:

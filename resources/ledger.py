@@ -1052,6 +1052,9 @@ class Ledger:
         except psycopg.Error as exc:
             self._lease_session_done(conn, reusable=False)  # whatever it took dies with it
             raise LedgerUnavailable(f"ledger connection lost while taking {what}") from exc
+        except BaseException:  # an interrupt: the session and whatever it took go
+            self._lease_session_done(conn, reusable=False)
+            raise
         if not any(granted):
             self._lease_session_done(conn, reusable=True)
             return [None] * len(items)

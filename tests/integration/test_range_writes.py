@@ -370,3 +370,53 @@ def test_a_transient_error_in_a_flush_behind_ends_the_range_after_the_partition_
     assert calls == [[KEYS[0]], [KEYS[1]]]
     assert ledger.head(KEYS[2], "ingest") is None and ledger.head(KEYS[3], "ingest") is None
     assert _advisory_locks(ledger) == 0
+
+
+@pytest.mark.parametrize("phase_name", ["ingest", "enrich"])
+def test_a_table_s_recorded_hash_is_the_hash_of_what_was_written(runner: PhaseRunner, phase_name: str) -> None:
+    """The content hash a checkpoint records for a table is taken of the table conformed to its
+    schema (the one written), not of the phase's raw output (other columns, pandas metadata)."""
+    from assets.hashing import table_hash
+    from assets.schemas import SCHEMAS
+
+    if phase_name == "enrich":
+        runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
+    phase, mod = (INGEST, ingest) if phase_name == "ingest" else (ENRICH, enrich)
+    outputs = {}
+
+    def compute(ctx):  # noqa: ANN001, ANN202 - the phase's own, its output kept
+        outputs[ctx.partition.key] = out = mod.compute(ctx)
+        return out
+
+    results = [r for _, r in runner.run_range(phase, _parts(runner), compute, mod.grade)]
+    assert all(isinstance(o, Outcome) and o.status == "COMPLETED" for o in results), results
+    for o in results:
+        out = outputs[o.partition_key]
+        for table in phase.tables:
+            assert out.tables[table].schema == SCHEMAS[table], (o.partition_key, table)  # conformed: written so
+            assert o.table_hashes[table] == table_hash(out.tables[table]), (o.partition_key, table)
+
+
+def test_a_big_partition_computed_while_a_flush_behind_fails_with_a_bug_is_finished_not_lost(
+        runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every partition counts as big (written alone): the second is computed while the first's
+    flush runs behind, and that flush raises a bug. The second is then finished by the step's
+    error path (committed, its lease let go), not left claimed."""
+    import assets.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "RANGE_WRITE_ROWS", 1)
+    commit = runner._commit
+
+    def broken(p, made, fenced):  # noqa: ANN001, ANN202
+        if p.part.key == KEYS[0]:
+            raise ValueError("a bug in a flush")
+        return commit(p, made, fenced)
+
+    monkeypatch.setattr(runner, "_commit", broken)
+    with pytest.raises(ValueError, match="a bug in a flush"):
+        runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
+    heads = {k: ledger.head(k, "ingest") for k in KEYS}
+    assert (heads[KEYS[0]].status, heads[KEYS[0]].error_class) == ("FAILED", "ValueError")
+    assert heads[KEYS[1]].status == "COMPLETED"
+    assert heads[KEYS[2]] is None and heads[KEYS[3]] is None
+    assert _advisory_locks(ledger) == 0
