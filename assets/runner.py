@@ -11,10 +11,8 @@ import contextlib
 import functools
 import gc
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,7 +37,7 @@ from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
 from resources import faults
 from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
-from resources.lake import Lake, PartitionWrite, WriteResult, at_once, in_background
+from resources.lake import Lake, PartitionWrite, ProcessThreads, WriteResult, at_once, in_background
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Decision, Ledger
 from resources.memory import keep_freed_memory
@@ -74,16 +72,7 @@ _prepared = False
 
 #: The thread a range step's held partitions are finished in (written, recorded, delivered,
 #: committed) while the step computes its next partition: one a process, one flush at a time.
-_flusher: tuple[int, ThreadPoolExecutor] | None = None
-_flusher_lock = threading.Lock()
-
-
-def _flusher_pool() -> ThreadPoolExecutor:
-    global _flusher
-    with _flusher_lock:
-        if _flusher is None or _flusher[0] != os.getpid():  # a forked child makes its own thread
-            _flusher = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="stormlake-flush"))
-        return _flusher[1]
+_flusher = ProcessThreads(1, "stormlake-flush")
 
 
 _log = logging.getLogger("stormlake.runner")
@@ -592,7 +581,7 @@ class PhaseRunner:
         if not pending:
             return ended
         held, pending[:] = list(pending), []
-        self._behind = _flusher_pool().submit(self._flush, held, results)
+        self._behind = _flusher.get().submit(self._flush, held, results)
         return ended
 
     def _flush_now(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:

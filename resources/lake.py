@@ -52,17 +52,30 @@ CacheKey = tuple[str, str, str, int]  # (table uri, region_id, day, version)
 WRITER_THREADS = 10
 T = TypeVar("T")
 
-_writers: tuple[int, ThreadPoolExecutor] | None = None
-_writers_lock = threading.Lock()
+
+
+class ProcessThreads:
+    """A thread pool of this process, made on first use; a forked child makes its own (the
+    parent's threads do not survive a fork)."""
+
+    def __init__(self, workers: int, name: str):
+        self._workers = workers
+        self._name = name
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                self._pool = (os.getpid(), ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix=self._name))
+            return self._pool[1]
+
+
+_writers = ProcessThreads(WRITER_THREADS, "stormlake-writer")
 
 
 def _writer_pool() -> ThreadPoolExecutor:
-    global _writers
-    with _writers_lock:
-        if _writers is None or _writers[0] != os.getpid():  # a forked child makes its own threads
-            _writers = (os.getpid(), ThreadPoolExecutor(max_workers=WRITER_THREADS,
-                                                        thread_name_prefix="stormlake-writer"))
-        return _writers[1]
+    return _writers.get()
 
 
 def in_background(call: Callable[[], T]) -> Future[T]:
