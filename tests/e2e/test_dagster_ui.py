@@ -627,16 +627,60 @@ def test_the_daily_schedule_s_range_runs_through_the_run_queue_as_a_backfill_s(d
               "runConfigData": {}, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in request.tags.items()]}}
     res = d.gql(LAUNCH_RUN, {"params": params})["launchRun"]
     assert res["__typename"] == "LaunchRunSuccess", res
-    deadline = time.monotonic() + HANG_GUARD_S
-    while True:
-        runs = d.gql(RUNS_TAGGED, {"key": "stormlake/launched_by", "value": "daily_schedule"})["runsOrError"]["results"]
-        # The coordinator makes a cut range's copies when it submits the range: all are here then.
-        if runs and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
-            break
-        assert time.monotonic() < deadline and d.proc.poll() is None, (runs, d.tail())
-        time.sleep(1)
+    # The coordinator makes a cut range's copies when it submits the range: all are here then.
+    runs = _wait_runs_tagged(d, "stormlake/launched_by", "daily_schedule", 1)
     assert sorted(_run_keys(r) for r in runs) == sorted([landed, [k for k in day if k not in landed]]), runs
     assert all(r["status"] == "SUCCESS" for r in runs), [(r["status"], _run_keys(r)) for r in runs]
     _check_warm_workers(runs)
     tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in _status(d.env)["partitions"]}
     assert tiers == dict.fromkeys(landed, 4), tiers
+
+
+def _wait_runs_tagged(d: Dagster, key: str, value: str, count: int) -> list[dict[str, Any]]:
+    """The runs with the tag once at least ``count`` of them are, and all of them are, finished."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        runs = d.gql(RUNS_TAGGED, {"key": key, "value": value})["runsOrError"]["results"]
+        if len(runs) >= count and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
+            return runs
+        assert time.monotonic() < deadline and d.proc.poll() is None, (runs, d.tail())
+        time.sleep(1)
+
+
+def test_the_outbox_sensor_continues_neighbours_stopped_after_ingest_in_one_range_run(dagster_dev: Dagster) -> None:
+    """Two neighbouring regions of a day are ingested by a range run that selects ingest's tables
+    only, and stop there. A real daemon tick of the outbox sensor continues them as one key
+    range run (the tables and graders of enrich, correlate and present) through the run queue;
+    both are published and ingest is not run again."""
+    from assets.phases import INGEST
+
+    d = dagster_dev
+    location, repo = _location(d)
+    pair = [k for k in KEYS if k.startswith("2026-09-01|")]
+    tags = {"dagster/asset_partition_range_start": pair[0], "dagster/asset_partition_range_end": pair[-1],
+            "stormlake/launched_by": "e2e_ingest_only"}
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": repo, "jobName": "storm_job",
+                           "assetSelection": [{"path": [t]} for t in INGEST.tables]},
+              "runConfigData": {}, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
+    res = d.gql(LAUNCH_RUN, {"params": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    (ingest_run,) = _wait_runs_tagged(d, "stormlake/launched_by", "e2e_ingest_only", 1)
+    assert ingest_run["status"] == "SUCCESS", d.tail()
+    tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in _status(d.env)["partitions"]}
+    assert tiers == dict.fromkeys(pair, 1), tiers  # ingested, nothing after
+
+    selector = {"repositoryName": repo, "repositoryLocationName": location, "sensorName": "outbox_sensor"}
+    started = d.gql(START_SENSOR, {"s": selector})["startSensor"]
+    assert started["__typename"] == "Sensor", started
+    try:
+        tick, _state = _first_tick(d, selector)
+    finally:
+        stopped = d.gql(STOP_SENSOR, {"origin": started["jobOriginId"], "selector": started["sensorState"]["selectorId"]})
+        assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
+    assert tick["status"] == "SUCCESS" and len(tick["runIds"]) == 1, tick  # one run for the pair
+    (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)
+    assert run["status"] == "SUCCESS", d.tail()
+    assert _run_keys(run) == pair and _tag(run, "stormlake/resume_after") == "ingest", run["tags"]
+    status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
+    assert {k: status[k]["tier"] for k in pair} == dict.fromkeys(pair, 4)
+    assert all(status[k]["phases"]["ingest"]["attempts"] == 1 for k in pair), status  # not run again
