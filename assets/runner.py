@@ -652,10 +652,11 @@ class PhaseRunner:
 
     def _claim_all(self, phase: Phase, ready: list[_Ready], results: dict[str, Outcome | StormlakeError]
                    ) -> tuple[list[_Claimed], list[PartitionRef], bool]:
-        """Step 4 for partitions with work: each one's lease taken if it is free (all at once, on one
-        ledger session), then their attempts claimed in one transaction (:meth:`Ledger.claim_all`). The claimed ones (their
-        leases held), the ones whose lease another run holds (left for :meth:`_one`), and
-        whether a transient error ends the range. A skip or an error goes to ``results``."""
+        """Step 4 for partitions with work: each one's lease taken if it is free (all at once, on
+        one ledger session), then their attempts claimed in one transaction
+        (:meth:`Ledger.claim_all`). The claimed ones (their leases held), the ones whose lease
+        another run holds (left for :meth:`_one`), and whether a transient error ends the range.
+        A skip or an error goes to ``results``."""
         leased: list[tuple[_Ready, contextlib.ExitStack]] = []
         busy: list[PartitionRef] = []
 

@@ -4,7 +4,6 @@ the preflight uses them before it decides whether Dagster is needed at all)."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,10 +31,7 @@ class PartitionRun:
 
 
 class Progress:
-    """A one-line-per-partition progress display on stderr (bar redrawn in place on a TTY).
-
-    Outcomes arrive from the step's thread and from its flusher thread (``assets.runner``): a
-    lock keeps the count and the lines whole."""
+    """A one-line-per-partition progress display on stderr (bar redrawn in place on a TTY)."""
 
     MARK = {"COMPLETED": "done", "SKIPPED": "skip", "FAILED": "FAIL"}
 
@@ -45,7 +41,6 @@ class Progress:
         self.stream = stream
         self.tty = stream.isatty()
         self.start = time.monotonic()
-        self._lock = threading.Lock()
 
     def _bar(self) -> str:
         width = 24
@@ -54,15 +49,10 @@ class Progress:
 
     def starting(self, key: str) -> None:
         if self.tty:
-            with self._lock:
-                self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
-                self.stream.flush()
+            self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
+            self.stream.flush()
 
     def finished(self, run: PartitionRun) -> None:
-        with self._lock:
-            self._finished(run)
-
-    def _finished(self, run: PartitionRun) -> None:
         self.done += 1
         phases = " ".join(f"{p.name}:{self.MARK.get(run.phases.get(p.name, ''), '-')}" for p in PHASES)
         line = f"{self._bar()} {run.key:<28} {phases}  {run.seconds:5.1f}s"

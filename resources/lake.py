@@ -53,7 +53,6 @@ WRITER_THREADS = 10
 T = TypeVar("T")
 
 
-
 class ProcessThreads:
     """A thread pool of this process, made on first use; a forked child makes its own (the
     parent's threads do not survive a fork)."""
@@ -74,14 +73,10 @@ class ProcessThreads:
 _writers = ProcessThreads(WRITER_THREADS, "stormlake-writer")
 
 
-def _writer_pool() -> ThreadPoolExecutor:
-    return _writers.get()
-
-
 def in_background(call: Callable[[], T]) -> Future[T]:
     """Start ``call`` in the process's writer threads; its future (a phase's table hashes are
     computed this way while the step goes on, ``assets.runner``)."""
-    return _writer_pool().submit(call)
+    return _writers.get().submit(call)
 
 
 def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
@@ -99,7 +94,7 @@ def at_once(calls: list[Callable[[], T]]) -> list[T | BaseException]:
             return [calls[0]()]
         except Exception as exc:  # noqa: BLE001 - handed back to the caller, in order
             return [exc]
-    pool = _writer_pool()
+    pool = _writers.get()
     futures = [pool.submit(call) for call in calls]
     return [f.exception() or f.result() for f in futures]
 

@@ -257,7 +257,6 @@ class Decision:
     claim: Claim | None = None
 
 
-
 class _LeaseGroup:
     """The leases :meth:`Ledger.try_leases` took together on one session; each let go on its own."""
 
@@ -288,6 +287,7 @@ class _LeaseGroup:
                 last, reusable = self._held == 0, self._reusable
             if last:
                 self._ledger._lease_session_done(self._conn, reusable=reusable)  # noqa: SLF001
+
 
 class Ledger:
     """One connection pool per process and DSN; see :func:`get_ledger`.
@@ -328,6 +328,7 @@ class Ledger:
         # Sessions that held a lease and released it; a lease still dies with its process.
         self._lease_conns: list[psycopg.Connection] = []
         self._watchers: list[OutcomeWatcher] = []
+        self._telling = threading.Lock()  # outcomes come from a range step's thread and its flusher
 
     # ---- one ledger per process and DSN -------------------------------------------------
     _shared: ClassVar[dict[tuple[int, str, str | None, bool], Ledger]] = {}
@@ -371,9 +372,12 @@ class Ledger:
             self._watchers.remove(watcher)
 
     def tell_watchers(self, phase: str, partition_key: str, status: str, delivered: tuple[str, ...] = ()) -> None:
-        """Called by the phase runner after each outcome: COMPLETED, SKIPPED or FAILED."""
-        for watcher in list(self._watchers):
-            watcher(phase, partition_key, status, delivered)
+        """Called by the phase runner after each outcome: COMPLETED, SKIPPED or FAILED. The
+        watchers hear one outcome at a time, though a range step tells some from its flusher
+        thread (``assets.runner``)."""
+        with self._telling:
+            for watcher in list(self._watchers):
+                watcher(phase, partition_key, status, delivered)
 
     # ---- plumbing ---------------------------------------------------------------------
     def _ensure_open(self) -> None:

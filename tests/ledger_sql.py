@@ -32,3 +32,17 @@ def operator_actions(ledger: Ledger, partition_key: str) -> list[dict[str, Any]]
     """The operator actions recorded for a partition, oldest first."""
     return query(ledger, "SELECT action, phase, actor, reason, detail FROM operator_actions"
                          " WHERE partition_key = %s ORDER BY action_id", (partition_key,))
+
+
+_ADVISORY_HERE = ("locktype = 'advisory' AND granted"
+                  " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+
+
+def advisory_locks(ledger: Ledger) -> int:
+    """Advisory locks (leases) held in this ledger's database, by any session."""
+    return int(query(ledger, f"SELECT count(*) AS n FROM pg_locks WHERE {_ADVISORY_HERE}")[0]["n"])
+
+
+def advisory_lock_sessions(ledger: Ledger) -> list[int]:
+    """The server processes (sessions) holding those locks."""
+    return [r["pid"] for r in query(ledger, f"SELECT DISTINCT pid FROM pg_locks WHERE {_ADVISORY_HERE}")]

@@ -10,7 +10,7 @@ import pytest
 from resources.errors import FencingError, LedgerError
 from resources.ledger import CallRecord, Ledger, ReceiptRequest
 from resources.ledger_views import LedgerViews
-from tests.ledger_sql import query
+from tests.ledger_sql import advisory_lock_sessions, advisory_locks, query
 
 KEY = "2026-09-01|gulf_coast"
 ARGS = dict(partition_key=KEY, region_id="gulf_coast", day="2026-09-01", phase="correlate",
@@ -261,18 +261,6 @@ def test_phase_seconds_count_the_time_a_phase_was_in_flight_once(ledger: Ledger)
 
 
 
-_HERE = "locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-
-
-def _advisory_locks(ledger: Ledger) -> int:
-    with ledger.connection() as conn:
-        return conn.execute(f"SELECT count(*) FROM pg_locks WHERE {_HERE}").fetchone()[0]
-
-
-def _lock_sessions(ledger: Ledger) -> list[int]:
-    with ledger.connection() as conn:
-        return [r[0] for r in conn.execute(f"SELECT DISTINCT pid FROM pg_locks WHERE {_HERE}").fetchall()]
-
 
 def test_leases_taken_together_share_one_session_and_are_let_go_each_on_its_own(ledger: Ledger, pg_dsn: str) -> None:
     keys = [f"2026-09-0{d}|gulf_coast" for d in (1, 2, 3)]
@@ -282,19 +270,19 @@ def test_leases_taken_together_share_one_session_and_are_let_go_each_on_its_own(
             taken = ledger.try_leases([(k, "ingest") for k in keys])
             assert [t is not None for t in taken] == [True, False, True]
             with taken[0], taken[2]:
-                assert _advisory_locks(ledger) == 3
-                assert len(_lock_sessions(ledger)) == 2  # the group's two leases on one session
+                assert advisory_locks(ledger) == 3
+                assert len(advisory_lock_sessions(ledger)) == 2  # the group's two leases on one session
                 assert other.try_leases([(keys[0], "ingest"), (keys[2], "ingest")]) == [None, None]
-        assert _advisory_locks(ledger) == 0
+        assert advisory_locks(ledger) == 0
         assert len(ledger._lease_conns) == 1  # the group's session serves the next leases
         again = ledger.try_leases([(k, "ingest") for k in keys])
         assert all(t is not None for t in again) and ledger._lease_conns == []
         with again[0]:
             pass
-        assert _advisory_locks(ledger) == 2 and ledger._lease_conns == []  # two still held on it
+        assert advisory_locks(ledger) == 2 and ledger._lease_conns == []  # two still held on it
         with again[1], again[2]:
             pass
-        assert _advisory_locks(ledger) == 0 and len(ledger._lease_conns) == 1
+        assert advisory_locks(ledger) == 0 and len(ledger._lease_conns) == 1
     finally:
         other.close()
 
@@ -309,16 +297,16 @@ def test_leases_taken_together_die_with_their_session(ledger: Ledger, pg_dsn: st
     assert all(t is not None for t in taken)
     for t in taken:
         t.__enter__()
-    (pid,) = _lock_sessions(ledger)
+    (pid,) = advisory_lock_sessions(ledger)
     # The session is gone, as with a killed process or a lost connection (as the DSN's own user:
     # the ledger's sessions take on a role that may not end another's).
     with psycopg.connect(ledger.dsn, autocommit=True) as conn:
         assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
     for _ in range(600):  # the server ends the session after answering; bounded only for a failure
-        if _advisory_locks(ledger) == 0:
+        if advisory_locks(ledger) == 0:
             break
         time.sleep(0.05)
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
     other = Ledger(pg_dsn)
     try:
         free = other.try_leases([(k, "ingest") for k in keys])

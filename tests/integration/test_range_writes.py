@@ -25,7 +25,7 @@ from assets.phases import ENRICH, INGEST
 from assets.runner import Force, Outcome, PhaseRunner
 from resources.errors import InjectedFault
 from resources.ledger import Ledger
-from tests.ledger_sql import query
+from tests.ledger_sql import advisory_locks, query
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
@@ -203,13 +203,6 @@ def test_stormlake_write_together_sets_how_many_partitions_share_a_commit(
             assert all(_commits(r, t) == before + commits for t in INGEST.tables), setting
 
 
-def _advisory_locks(ledger: Ledger) -> int:
-    """Advisory locks (leases) held in this ledger's database, by any session."""
-    with ledger.connection() as conn:
-        return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
-                            " (SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
-
-
 def test_a_bug_in_one_partition_is_raised_after_the_partitions_held_are_finished(
         runner: PhaseRunner, ledger: Ledger) -> None:
     def compute(ctx):  # noqa: ANN001, ANN202 - a phase's compute with a bug for one partition
@@ -226,11 +219,11 @@ def test_a_bug_in_one_partition_is_raised_after_the_partitions_held_are_finished
     assert (heads[KEYS[3]].status, heads[KEYS[3]].error_class, heads[KEYS[3]].failures) == (
         "FAILED", "RangeAbandoned", 0)
     assert all(_commits(runner, t) == 1 for t in INGEST.tables)  # the two held, together
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
     # The next run takes it over and finishes it.
     again = dict(runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade))
     assert again[KEYS[3]].status == "COMPLETED" and again[KEYS[3]].checkpoint.attempt == 2
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
 
 
 def test_an_interrupt_while_writing_together_lets_every_lease_go(
@@ -241,7 +234,7 @@ def test_an_interrupt_while_writing_together_lets_every_lease_go(
     monkeypatch.setattr(runner, "_write_together", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run_range(INGEST, _parts(runner), ingest.compute, ingest.grade)
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
     heads = [ledger.head(k, "ingest") for k in KEYS]
     assert {(h.status, h.error_class) for h in heads} == {("FAILED", "RangeAbandoned")}
     assert {h.failures for h in heads} == {0}  # not counted toward a dead letter
@@ -322,7 +315,7 @@ def test_each_partition_is_finished_in_the_flusher_while_the_next_one_computes(
     assert all(_commits(runner, t) == 4 for t in INGEST.tables)
     assert [o.checkpoint.attempt for o in results] == [1] * 4
     _assert_each_partition_holds_what_it_computed(runner, results)
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
 
 
 def _run_with_a_bug_in_the_first_commit(runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,7 +337,7 @@ def _run_with_a_bug_in_the_first_commit(runner: PhaseRunner, ledger: Ledger, mon
     assert (heads[KEYS[0]].status, heads[KEYS[0]].error_class) == ("FAILED", "ValueError")
     assert heads[KEYS[1]].status == "COMPLETED"
     assert heads[KEYS[2]] is None and heads[KEYS[3]] is None
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
 
 
 def test_a_bug_in_a_flush_behind_is_raised_once_the_partition_computed_meanwhile_is_finished(
@@ -377,7 +370,7 @@ def test_a_transient_error_in_a_flush_behind_ends_the_range_after_the_partition_
     assert isinstance(results[KEYS[1]], Outcome) and results[KEYS[1]].status == "COMPLETED"
     assert calls == [[KEYS[0]], [KEYS[1]]]
     assert ledger.head(KEYS[2], "ingest") is None and ledger.head(KEYS[3], "ingest") is None
-    assert _advisory_locks(ledger) == 0
+    assert advisory_locks(ledger) == 0
 
 
 @pytest.mark.parametrize("phase_name", ["ingest", "enrich"])
