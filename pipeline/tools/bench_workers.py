@@ -7,6 +7,15 @@ the number of cores by default), each a whole process on a new home and new data
 ledger's server. A turn's speedup is its 1-worker time over its N-worker time; the median of the
 turns counts, against :data:`TARGET_SPEEDUP` on a machine of 2 cores or more.
 
+Each turn first measures what the host's cores give at that moment (:func:`host_ceiling`): a
+CPU-bound loop in one process against the same loop split over N processes at once. A shared
+host's second core is not a whole core (its neighbours, its clock), and the loop's speedup is the
+most the backfills' could be if all of their work ran in parallel; the table prints both, and
+the workers' speedup as a share of the host's. It also times the start that every backfill
+process pays on one core before any work can be shared (:func:`start_seconds`: the modules a
+worker is forked with), and from the two the most the workers' speedup could be in that turn
+(:func:`speedup_bound`).
+
 Each home is a deployment made before the clock starts (:func:`prepare_home`), as a backfill
 finds it in use: Dagster's storage created and the ledger's tables migrated, nothing run. Their
 creation happens once in a deployment's life (``stormlake env`` takes 2.5-3.6 s here, its process
@@ -18,16 +27,23 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.tools.bench import Databases, _child_env, _say, plan_partitions
 from pipeline.tools.bench_scale import _cli
+from resources.errors import StormlakeError
 from resources.keys import partition_key
 
 TARGET_SPEEDUP = 1.6
 DEFAULTS = {"partitions": 16, "rows_per_partition": 20_000, "seed": 11}
+#: Steps of the host ceiling's loop in all (about 2 s in one process on the benchmark's host).
+CEILING_STEPS = 10_000_000
+_LOOP = "import sys\nx = 0\nfor i in range(int(sys.argv[1])):\n    x = (x * 31 + i) % 1000003\n"
 
 
 def _generate(root: Path, settings, partitions: int, rows: int, seed: int) -> tuple[Path, list[str]]:  # noqa: ANN001
@@ -46,6 +62,51 @@ def _generate(root: Path, settings, partitions: int, rows: int, seed: int) -> tu
             if partition_key(day_dir.name, rid) not in keys:
                 shutil.rmtree(day_dir)
     return landing, keys
+
+
+def host_ceiling(processes: int, steps: int = CEILING_STEPS) -> dict[str, float]:
+    """How much faster ``processes`` processes at once finish a CPU-bound loop of ``steps`` steps,
+    split evenly between them, than one process doing all of it: whole processes (an isolated
+    interpreter each, about 20 ms to start), timed as the backfills are. ``one_s``, ``many_s`` and
+    their ratio ``speedup``; on an idle machine with a core per process, about ``processes``."""
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-I", "-c", _LOOP, str(steps // n)]) for _ in range(n)]
+        if any([p.wait() for p in procs]):
+            raise StormlakeError("bench --workers: the host ceiling's loop failed")
+        return time.perf_counter() - t
+
+    one, many = run(1), run(processes)
+    return {"one_s": round(one, 2), "many_s": round(many, 2), "speedup": round(one / many, 3)}
+
+
+#: What a backfill imports and makes before its workers fork (``pipeline.orchestrate._worker_context``).
+_START = ("import importlib\nfrom pipeline.launcher import WARM_MODULES\n"
+          "for m in WARM_MODULES:\n    importlib.import_module(m)\n"
+          "import dagster_postgres\nfrom assets.transforms.present import prepare\nprepare()\n")
+
+
+def start_seconds() -> float:
+    """Wall seconds of a new process importing and making what a backfill's workers are forked with:
+    the part of every backfill, with one worker or several, that runs on one core."""
+    from pipeline.launcher import PROJECT_ROOT
+
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _START], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise StormlakeError(f"bench --workers: importing the backfill's modules failed: {done.stderr.strip()[-300:]}")
+    return round(time.perf_counter() - t, 2)
+
+
+def speedup_bound(one_s: float, start_s: float, ceiling: float) -> float:
+    """The most ``N`` workers could gain over one in a backfill of ``one_s`` seconds whose first
+    ``start_s`` run on one core, the rest going ``ceiling`` times faster on N cores.
+
+    Example:
+        >>> speedup_bound(12.0, 3.0, 2.0)  # 12 s against 3 + 9 / 2 = 7.5 s
+        1.6
+    """
+    return round(one_s / (start_s + (one_s - start_s) / ceiling), 3)
 
 
 def prepare_home(env: dict[str, str]) -> float:
@@ -92,15 +153,29 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     landing, keys = _generate(root, settings, partitions, rows, args.seed)
-    turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"),
-                       lambda dbs, r: timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1"),
+    ceilings: list[dict[str, float]] = []
+
+    def one_worker(dbs: Databases, r: int) -> float:
+        ceilings.append(dict(host_ceiling(workers), start_s=start_seconds()))
+        c = ceilings[-1]
+        _say(f"host ceiling {r}: {c['one_s']:.1f}s in one process, {c['many_s']:.1f}s in {workers} at once "
+             f"({c['speedup']:.3f}); a backfill's start {c['start_s']:.1f}s")
+        return timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1")
+
+    turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"), one_worker,
                        lambda dbs, r: timed_backfill(root, f"many-{r}", landing, dbs, "--workers", str(workers)),
                        ratio=lambda one, many: one / many)
     speedup = statistics.median(t["speedup"] for t in turns)
+    ceiling = statistics.median(c["speedup"] for c in ceilings)
+    for t, c in zip(turns, ceilings, strict=True):
+        c["bound"] = speedup_bound(t["one_s"], c["start_s"], c["speedup"])
     result = {"config": {"partitions": len(keys), "rows_per_partition": rows, "workers": workers,
                          "repeat": args.repeat},
               "turns": turns, "speedup": round(speedup, 3), "target": TARGET_SPEEDUP,
-              "met": speedup >= TARGET_SPEEDUP}
+              "met": speedup >= TARGET_SPEEDUP,
+              "host": {"turns": ceilings, "speedup": round(ceiling, 3),
+                       "bound": round(statistics.median(c["bound"] for c in ceilings), 3),
+                       "share": round(statistics.median(t["speedup"] / c["speedup"] for t, c in zip(turns, ceilings, strict=True)), 3)}}
     return result
 
 
@@ -122,9 +197,34 @@ def render_turns(title: str, columns: tuple[str, str, str], keys: tuple[str, str
 
 
 def render_workers(result: dict[str, Any]) -> str:
+    """The workers' turns against the target, then the host's own ceiling in the same turns.
+
+    Example:
+        >>> print(render_workers({"config": {"partitions": 16, "rows_per_partition": 20000, "workers": 2},
+        ...     "turns": [{"one_s": 9.0, "many_s": 6.0, "speedup": 1.5}], "speedup": 1.5, "target": 1.6, "met": False,
+        ...     "host": {"turns": [{"one_s": 2.0, "many_s": 1.1, "speedup": 1.818, "start_s": 3.0, "bound": 1.402}],
+        ...              "speedup": 1.818, "bound": 1.402, "share": 0.825}}))
+        backfill of 16 partitions x 20,000 rows: 1 process against 2, each on a new home prepared before the clock
+        turn    1 worker  2 workers  speedup
+        1           9.0s       6.0s    1.500
+        median speedup 1.500 (target >= 1.6): NOT met
+        this host's ceiling in the same turns: a CPU-bound loop split over 2 processes at once; a backfill's start on one core; the most the workers could gain
+        1           2.0s       1.1s    1.818      3.0s    1.402
+        median 1.818; the workers' speedup is 0.825 of it; the most they could gain 1.402
+    """
     c = result["config"]
-    return render_turns(
+    text = render_turns(
         f"backfill of {c['partitions']} partitions x {c['rows_per_partition']:,} rows: 1 process against "
         f"{c['workers']}, each on a new home prepared before the clock",
         ("1 worker", f"{c['workers']} workers", "speedup"), ("one_s", "many_s", "speedup"), result,
         f"median speedup {result['speedup']:.3f} (target >= {result['target']})")
+    host = result.get("host")
+    if not host:
+        return text
+    lines = [text, f"this host's ceiling in the same turns: a CPU-bound loop split over {c['workers']} processes at once;"
+                   " a backfill's start on one core; the most the workers could gain"]
+    lines += [f"{i:<5} {t['one_s']:>9.1f}s {t['many_s']:>9.1f}s {t['speedup']:>8.3f} {t['start_s']:>8.1f}s {t['bound']:>8.3f}"
+              for i, t in enumerate(host["turns"], 1)]
+    lines.append(f"median {host['speedup']:.3f}; the workers' speedup is {host['share']:.3f} of it;"
+                 f" the most they could gain {host['bound']:.3f}")
+    return "\n".join(lines)

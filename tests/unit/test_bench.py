@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from resources.errors import StormlakeError
 from tests.conftest import REPO
 
 RUN_KEYS = {"wall_s", "rows_per_s", "peak_rss_mb"}
@@ -170,6 +171,25 @@ def test_bench_all_lists_every_figure_against_its_target() -> None:
     assert rows["bare seconds per partition (40 x 500)"]["value"] == "0.250 s"
     table = year.render(list(rows.values()))
     assert table.count("\n") == len(rows) + 1 and "workers speedup (16 x 20,000)" in table
+
+
+def test_the_host_ceiling_times_the_same_loop_in_one_process_and_split_over_several(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench --workers`` sets the workers' speedup beside the host's own for CPU-bound work: the
+    split loop is the same work, so two processes take about as long as one each on a core, and a
+    loop that fails is an error, not a figure."""
+    import doctest
+
+    import pipeline.tools.bench_workers as workers
+
+    assert doctest.testmod(workers).failed == 0
+    ceiling = workers.host_ceiling(2, steps=400_000)
+    assert set(ceiling) == {"one_s", "many_s", "speedup"} and ceiling["one_s"] > 0 and ceiling["many_s"] > 0
+    one, many, half = ceiling["one_s"], ceiling["many_s"], 0.005  # both rounded to 10 ms
+    assert (one - half) / (many + half) <= ceiling["speedup"] <= (one + half) / (many - half)
+    monkeypatch.setattr(workers.sys, "executable", "/bin/false")  # an interpreter that fails at once
+    with pytest.raises(StormlakeError, match="host ceiling"):
+        workers.host_ceiling(2, steps=400_000)
 
 
 def test_a_prepared_home_has_dagster_s_storage_and_no_run(pg_admin_dsn: str, tmp_path: Path) -> None:
