@@ -17,7 +17,6 @@ environment that sets glibc's own ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRE
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -37,7 +36,9 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or any(k in os.environ for k in ENV):
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        # The process's own symbols, the C library's among them: ctypes.util.find_library would
+        # start ``ldconfig -p`` (a fork of this process) to find the same library.
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # a C library without mallopt (musl)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
