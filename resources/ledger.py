@@ -1009,12 +1009,14 @@ class Ledger:
         asks once: :class:`LeaseTimeout` at once if another session holds it.
         """
         key = _lock_key("stormlake-lease", partition_key, phase)
-        conn = self._lease_session(f"the lease for {phase} of {partition_key}")
+        conn, rows = self._lease_first(f"the lease for {phase} of {partition_key}",
+                                       "SELECT pg_try_advisory_lock(%s)", (key,))
+        granted = bool(rows[0][0])
         reusable = False
         try:
             start = time.monotonic()
             delay = 0.05
-            while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            while not granted:
                 waited = time.monotonic() - start
                 if waited >= timeout_s:
                     reusable = True  # it holds no lock: the session serves the next lease
@@ -1025,6 +1027,7 @@ class Ledger:
                     start += time.monotonic() - began  # what the caller did meanwhile is not waiting
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 1.5, 1.0)
+                granted = bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
             yield
             # Released explicitly so the session can serve the next lease of this process.
             reusable = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
@@ -1048,17 +1051,10 @@ class Ledger:
             return []
         keys = [_lock_key("stormlake-lease", key, phase) for key, phase in items]
         what = f"the leases of {len(items)} partitions for {items[0][1]}"
-        conn = self._lease_session(what)
-        try:
-            granted = [bool(r[0]) for r in conn.execute(
-                "SELECT pg_try_advisory_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
-                (keys,)).fetchall()]
-        except psycopg.Error as exc:
-            self._lease_session_done(conn, reusable=False)  # whatever it took dies with it
-            raise LedgerUnavailable(f"ledger connection lost while taking {what}") from exc
-        except BaseException:  # an interrupt: the session and whatever it took go
-            self._lease_session_done(conn, reusable=False)
-            raise
+        conn, rows = self._lease_first(
+            what, "SELECT pg_try_advisory_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
+            (keys,))
+        granted = [bool(r[0]) for r in rows]
         if not any(granted):
             self._lease_session_done(conn, reusable=True)
             return [None] * len(items)
@@ -1066,20 +1062,51 @@ class Ledger:
         return [group.lease(key, name) if ok else None
                 for key, name, ok in zip(keys, (f"{phase} of {pk}" for pk, phase in items), granted, strict=True)]
 
-    def _lease_session(self, what: str) -> psycopg.Connection:
-        """A session for leases: one this process let go of, or a new one."""
+    def _lease_first(self, what: str, statement: str, params: tuple[Any, ...]
+                     ) -> tuple[psycopg.Connection, list[tuple[Any, ...]]]:
+        """A lease session and the rows of its first statement (taking leases).
+
+        A session this process kept may have been dropped by the server since it was let go (a
+        restart, an idle-session timeout): it then holds no lock, and it is closed with every
+        other kept session (they went the same way) and the statement runs once more on a new
+        one. Any other failure closes the session, letting go whatever it took:
+        :class:`LedgerUnavailable` for a database error, an interrupt raised as it is.
+        """
+        conn, kept = self._lease_session(what)
+        while True:
+            try:
+                return conn, conn.execute(statement, params).fetchall()
+            except psycopg.Error as exc:
+                self._lease_session_done(conn, reusable=False)  # whatever it took dies with it
+                if not (kept and isinstance(exc, psycopg.OperationalError)):
+                    raise LedgerUnavailable(f"ledger connection lost while taking {what}") from exc
+                self._drop_kept_lease_sessions()
+                conn, kept = self._lease_session(what)
+            except BaseException:  # an interrupt: the session and whatever it took go
+                self._lease_session_done(conn, reusable=False)
+                raise
+
+    def _drop_kept_lease_sessions(self) -> None:
+        with self._open_lock:
+            kept, self._lease_conns = self._lease_conns, []
+        for conn in kept:
+            self._lease_session_done(conn, reusable=False)
+
+    def _lease_session(self, what: str) -> tuple[psycopg.Connection, bool]:
+        """A session for leases: one this process let go of (and True), or a new one (False)."""
         with self._open_lock:
             conn = self._lease_conns.pop() if self._lease_conns else None
-        if conn is None or conn.closed:
-            try:
-                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                       options=_session_options(self.dsn, self.role))
-            except psycopg.OperationalError as exc:
-                raise LedgerUnavailable(
-                    f"ledger unreachable while taking {what}"
-                    f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
-                ) from exc
-        return conn
+        if conn is not None and not conn.closed:
+            return conn, True
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
+                                   options=_session_options(self.dsn, self.role))
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(
+                f"ledger unreachable while taking {what}"
+                f" ({exc.__class__.__name__}); check that PostgreSQL is running, then run again"
+            ) from exc
+        return conn, False
 
     def _lease_session_done(self, conn: psycopg.Connection, *, reusable: bool) -> None:
         """A lease session that holds no lease any more serves the next ones; any other is closed

@@ -287,6 +287,42 @@ def test_leases_taken_together_share_one_session_and_are_let_go_each_on_its_own(
         other.close()
 
 
+def _end_kept_lease_sessions(ledger: Ledger) -> None:
+    """The server ends the lease sessions the ledger keeps between leases (a restart, an idle-session
+    timeout), as the DSN's own user; the ledger does not know until it uses one."""
+    import time
+
+    pids = [c.info.backend_pid for c in ledger._lease_conns]
+    assert pids
+    with psycopg.connect(ledger.dsn, autocommit=True) as conn:
+        for pid in pids:
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        for _ in range(600):  # the server ends them after answering; bounded only for a failure
+            if not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+                break
+            time.sleep(0.05)
+
+
+def test_a_kept_lease_session_the_server_ended_is_replaced_not_a_failure(ledger: Ledger) -> None:
+    """A session kept for the next leases and ended by the server meanwhile held no lock: the
+    next leases, a group's or one alone, are taken on a new session instead of failing."""
+    keys = [f"2026-09-0{d}|gulf_coast" for d in (1, 2)]
+    for t in ledger.try_leases([(k, "ingest") for k in keys]):
+        with t:
+            pass
+    kept = list(ledger._lease_conns)
+    _end_kept_lease_sessions(ledger)
+    taken = ledger.try_leases([(k, "enrich") for k in keys])
+    assert all(t is not None for t in taken)
+    with taken[0], taken[1]:
+        assert advisory_locks(ledger) == 2
+    assert advisory_locks(ledger) == 0 and all(c.closed for c in kept)
+    _end_kept_lease_sessions(ledger)
+    with ledger.lease(keys[0], "correlate", timeout_s=0):
+        assert advisory_locks(ledger) == 1
+    assert advisory_locks(ledger) == 0 and len(ledger._lease_conns) == 1
+
+
 def test_leases_taken_together_die_with_their_session(ledger: Ledger, pg_dsn: str) -> None:
     import time
 
