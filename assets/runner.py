@@ -513,13 +513,19 @@ class PhaseRunner:
             self._flush_now(pending, results)
         except Exception:
             self._abandon(claimed, computed=False)
-            self._settle_behind()
+            try:
+                self._settle_behind()
+            except BaseException:  # an interrupt while waiting: the ones held are let go
+                self._abandon(pending)
+                raise
             self._flush(pending, results)  # a bug raised for one partition: the ones held are finished first
             raise
         except BaseException:
             self._abandon(claimed, computed=False)
-            self._settle_behind()  # an interrupt: the flush in flight ends as it would have
-            self._abandon(pending)  # the ones held are let go, recorded FAILED
+            try:
+                self._settle_behind()  # an interrupt: the flush in flight ends as it would have
+            finally:
+                self._abandon(pending)  # the ones held are let go, recorded FAILED (a second interrupt too)
             raise
         self._abandon(claimed, computed=False)  # a transient error ended the range before them
         return [(part.key, results[part.key]) for part in parts if part.key in results]
@@ -580,8 +586,10 @@ class PhaseRunner:
         ended = self._join_behind()
         if not pending:
             return ended
-        held, pending[:] = list(pending), []
-        self._behind = _flusher.get().submit(self._flush, held, results)
+        # Handed over before they leave ``pending``: an interrupt in between finds them in one of
+        # the two (a partition the flush finished is fenced against being let go after it).
+        self._behind = _flusher.get().submit(self._flush, list(pending), results)
+        pending[:] = []
         return ended
 
     def _flush_now(self, pending: list[_Prepared], results: dict[str, Outcome | StormlakeError]) -> bool:
@@ -676,8 +684,12 @@ class PhaseRunner:
             decisions = self.ledger.claim_all([r.args for r, _ in leased]) if leased else []
         except StormlakeError as exc:
             let_all_go(exc)
-            for r, _ in leased:
-                self._note(phase, r.part, exc, results)
+            # Every partition of the group that is not left to another run's lease meets the error
+            # (no lease taken yet when taking them failed): a transient one then fails the step.
+            waiting = {part.key for part in busy}
+            for r in ready:
+                if r.part.key not in waiting:
+                    self._note(phase, r.part, exc, results)
             return [], busy, exc.transient
         except BaseException as exc:
             let_all_go(exc)
@@ -800,6 +812,8 @@ class PhaseRunner:
                 transient = transient or exc.transient
             else:
                 self.ledger.tell_watchers(p.phase.name, p.part.key, "FAILED")
+                if bug is not None:  # the first is raised; the others are in the ledger and here
+                    self.log(f"{p.phase.name} of {p.part.key} also failed: {exc.__class__.__name__}: {exc}")
                 bug = bug or exc
 
         try:
@@ -861,9 +875,9 @@ class PhaseRunner:
         for p in list(held):
             phase, key = p.phase.name, p.part.key
             try:
-                self.ledger.fail(p.claim, error_class="RangeAbandoned", run_id=self.run_id, counts=False,
-                                 error_message=message)
-                self.ledger.tell_watchers(phase, key, "FAILED")
+                if self.ledger.fail(p.claim, error_class="RangeAbandoned", run_id=self.run_id, counts=False,
+                                    error_message=message):  # not when it was finished or taken over
+                    self.ledger.tell_watchers(phase, key, "FAILED")
             except Exception as inner:  # noqa: BLE001 - the next one is let go all the same
                 self.log(f"could not record the failure in the ledger: {inner}")
             finally:

@@ -226,6 +226,63 @@ def test_a_bug_in_one_partition_is_raised_after_the_partitions_held_are_finished
     assert advisory_locks(ledger) == 0
 
 
+def test_a_partition_whose_lease_cannot_be_taken_fails_with_the_error_not_silently(runner: PhaseRunner) -> None:
+    """The ledger takes no new session (here: the database refuses connections, and the lease
+    session kept from the range before was ended by the server) while the connections already
+    open still answer: the partition whose lease could not be taken ends with the transient
+    error, which fails the step for Dagster's retry, instead of ending the range with no result
+    and no error (which the step took for success with fewer partitions than keys)."""
+    import psycopg
+
+    from resources.errors import LedgerUnavailable
+    from resources.pgserver import with_database
+
+    parts = _parts(runner)
+    first = runner.run_range(INGEST, parts[:2], ingest.compute, ingest.grade)
+    assert [o.status for _, o in first] == ["COMPLETED", "COMPLETED"]
+    kept = [c.info.backend_pid for c in runner.ledger._lease_conns]
+    db = psycopg.conninfo.conninfo_to_dict(runner.ledger.dsn)["dbname"]
+    with psycopg.connect(with_database(runner.ledger.dsn, "postgres"), autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        try:
+            for pid in kept:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            results = runner.run_range(INGEST, parts[2:], ingest.compute, ingest.grade)
+        finally:
+            admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+    assert [k for k, _ in results] == [KEYS[2]]  # the first of the range; the range ended there
+    assert isinstance(results[0][1], LedgerUnavailable) and results[0][1].transient
+    assert advisory_locks(runner.ledger) == 0
+
+
+def test_a_second_interrupt_while_the_flush_in_flight_is_waited_for_still_lets_the_held_ones_go(
+        runner: PhaseRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C, then Ctrl-C again while the step waits for the flush in flight: the partition held
+    for the next flush is let go all the same (recorded FAILED, its lease free) while the
+    traceback is still alive, and the flush in flight finishes its own partitions."""
+    runner.write_together = 2  # the first two flushed behind while the third computes
+    parts = _parts(runner)
+
+    def second_interrupt() -> None:
+        raise KeyboardInterrupt("the second Ctrl-C, while waiting for the flush in flight")
+
+    def compute(ctx):  # noqa: ANN001, ANN202
+        if ctx.partition.key == KEYS[3]:
+            monkeypatch.setattr(runner, "_settle_behind", second_interrupt)
+            raise KeyboardInterrupt("the first Ctrl-C")
+        return ingest.compute(ctx)
+
+    with pytest.raises(KeyboardInterrupt, match="second") as raised:
+        runner.run_range(INGEST, parts, compute, ingest.grade)
+    assert runner._behind is not None
+    runner._behind.result()  # the flush the step did not wait for, finished
+    heads = {k: runner.ledger.head(k, "ingest") for k in KEYS}
+    assert [heads[k].status for k in KEYS[:2]] == ["COMPLETED", "COMPLETED"]
+    assert (heads[KEYS[2]].status, heads[KEYS[2]].error_class) == ("FAILED", "RangeAbandoned")
+    assert advisory_locks(runner.ledger) == 0
+    assert raised.value is not None  # the traceback (and the step's frames) still alive
+
+
 def test_an_interrupt_while_writing_together_lets_every_lease_go(
         runner: PhaseRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
