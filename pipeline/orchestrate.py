@@ -83,7 +83,15 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
                                     run_config=QUIET, tags=tags or {}, asset_selection=phase_selection(first))
     run = PartitionRun(key=key, ok=result.success, run_id=result.run_id, seconds=0.0,
                        phases={p.name: "SKIPPED" for p in PHASES[:first]})
+    refused: dict[str, str] = {}  # dead-lettered phases: their grader's one line
     for event in result.all_events:
+        if event.event_type_value == "ASSET_CHECK_EVALUATION":
+            check = event.asset_check_evaluation_data
+            mark = check.metadata.get("dead_lettered")
+            phase = ASSET_PHASE.get(check.asset_key.to_user_string())
+            if phase and mark is not None and mark.value is True:
+                refused[phase] = check.description or f"{phase} of {key} is dead-lettered"
+            continue
         if event.is_step_materialization:
             mat = event.step_materialization_data.materialization
             table = mat.asset_key.to_user_string()
@@ -103,6 +111,13 @@ def run_partition(job: dg.JobDefinition, instance: dg.DagsterInstance, key: str,
             data = event.step_failure_data
             if run.error_class is None and data is not None and data.error is not None:
                 run.error_class = _root_error(data.error).cls_name
+    for phase, line in refused.items():
+        # The step made no attempt and ended without a failure, as a dead letter does in every run
+        # (Dagster's implicit output of its tables is no outcome); the partition did not succeed.
+        run.phases[phase] = "FAILED"
+        run.ok = False
+        run.error = run.error or line
+        run.error_class = run.error_class or "DeadLettered"
     if not result.success and run.error is None:
         run.error = "run failed (see the run in the Dagster UI)"
     run.seconds = time.monotonic() - start

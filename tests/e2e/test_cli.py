@@ -241,6 +241,32 @@ def test_unreadable_landing_file_fails_backfill_naming_the_file(tmp_path: Path, 
     assert stop.returncode == 0, stop.stderr
 
 
+def test_a_dead_lettered_partition_is_reported_failed_not_succeeded(tmp_path: Path, sample_landing: Path,
+                                                                    pg_dsn: str) -> None:
+    """A partition whose phase is dead-lettered makes no attempt in the next backfill, and that
+    backfill says so: the phase FAIL, the partition failed with the dead letter's one line (what
+    to run), exit 1. The run itself ends without a failure, so the CLI reads the phase's grader."""
+    home = tmp_path / "home"
+    shutil.copytree(sample_landing, home / "landing")
+    bad = home / "landing" / "gulf_coast" / "2026-09-01" / "weather.csv"
+    data = bad.read_bytes()
+    cut = data.index(b"\n") + 1
+    bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_DEAD_LETTER_AFTER="1")
+    first = stormlake("backfill", "--regions", "gulf_coast", "--days", "2026-09-01", env=env, cwd=tmp_path)
+    assert first.returncode == 1 and "weather.csv" in first.stderr, (first.stdout, first.stderr)
+    again = stormlake("backfill", "--regions", "gulf_coast", "--days", "2026-09-01", env=env, cwd=tmp_path)
+    assert again.returncode == 1, (again.stdout, again.stderr)
+    assert "Traceback" not in again.stderr and "Traceback" not in again.stdout
+    assert "0/1 partitions succeeded" in again.stdout, again.stdout
+    assert "ingest:FAIL" in again.stderr + again.stdout
+    [error] = [ln for ln in err_lines(again) if ln.startswith("stormlake:")]
+    assert "dead-lettered after 1 failures" in error and "weather.csv" in error and "stormlake release" in error, error
+    doc = status_json(env, tmp_path)
+    [entry] = doc["partitions"]
+    assert entry["dead_lettered"] == ["ingest"] and entry["phases"]["ingest"]["failures"] == 1  # no attempt made again
+
+
 def _check_unreadable(env: dict[str, str], home: Path, tmp_path: Path) -> None:
     proc = stormlake("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01", env=env, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
