@@ -36,7 +36,7 @@ def deliver(ctx: PhaseContext, targets: list[Target], artifacts: list[Artifact])
         artifact_id=artifact.artifact_id, target=target.name, partition_key=part.key,
         region_id=artifact.region_id, day=artifact.day, kind=artifact.kind,
         content_hash=artifact.content_hash, size_bytes=len(artifact.data),
-        target_ref=target.ref(artifact), checkpoint_id=ctx.claim.id if ctx.claim else None,
+        target_ref=target.shown_ref(artifact), checkpoint_id=ctx.claim.id if ctx.claim else None,
     ) for artifact, target in todo])
     for (artifact, target), rec in zip(todo, receipts, strict=True):
         if rec.status == "DELIVERED":

@@ -15,6 +15,7 @@ import random
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,9 @@ class Target(Protocol):
 
     def ref(self, artifact: Artifact) -> str: ...
 
+    def shown_ref(self, artifact: Artifact) -> str:
+        """Where the artifact goes, as printed, logged and kept in its receipt (no secret)."""
+
     def deliver(self, artifact: Artifact, *, supersedes: str | None,
                 idempotency_key: str | None = None) -> dict[str, Any]: ...
 
@@ -72,6 +76,9 @@ class FileTarget:
     def ref(self, artifact: Artifact) -> str:
         return str(self.publish_dir / artifact.region_id / artifact.day / artifact.kind)
 
+    def shown_ref(self, artifact: Artifact) -> str:
+        return self.ref(artifact)
+
     def deliver(self, artifact: Artifact, *, supersedes: str | None,
                 idempotency_key: str | None = None) -> dict[str, Any]:
         final = write_atomic(self.ref(artifact), artifact.data, durable=True)
@@ -85,12 +92,16 @@ class WebhookTarget:
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, max_tries: int = 5, backoff_s: float = 0.5):
         self.url = url
+        self.shown = shown_url(url)
         self.timeout_s = timeout_s
         self.max_tries = max(1, max_tries)
         self.backoff_s = backoff_s
 
     def ref(self, artifact: Artifact) -> str:
         return self.url
+
+    def shown_ref(self, artifact: Artifact) -> str:
+        return self.shown
 
     def headers(self, artifact: Artifact, supersedes: str | None,
                 idempotency_key: str | None = None) -> dict[str, str]:
@@ -130,7 +141,7 @@ class WebhookTarget:
                         retry_after = min(float(ra), 30.0)
                 else:
                     raise DeliveryRejected(
-                        f"webhook {self.url} answered HTTP {code} for {artifact.artifact_id}; not retried"
+                        f"webhook {self.shown} answered HTTP {code} for {artifact.artifact_id}; not retried"
                     ) from None
             except TimeoutError:
                 last = f"timed out after {self.timeout_s:g} s"
@@ -144,8 +155,32 @@ class WebhookTarget:
                 delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
                 time.sleep(retry_after if retry_after is not None else delay)
         raise DeliveryExhausted(
-            f"webhook {self.url} did not accept {artifact.artifact_id} after {self.max_tries} tries ({last})"
+            f"webhook {self.shown} did not accept {artifact.artifact_id} after {self.max_tries} tries ({last})"
         )
+
+
+def shown_url(url: str) -> str:
+    """The webhook URL as stormlake prints, logs and records it: scheme, host, port and path; a
+    user name, password, query or fragment (where tokens go) is left out, marked ``…``.
+
+    Example:
+        >>> shown_url("https://hook:S3CRET@consumer.example:8443/in?token=T0KEN#x")
+        'https://consumer.example:8443/in?…'
+        >>> shown_url("http://127.0.0.1:9000/hook")
+        'http://127.0.0.1:9000/hook'
+        >>> shown_url("garbage")
+        '(STORMLAKE_WEBHOOK_URL, not a URL)'
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(STORMLAKE_WEBHOOK_URL, not a URL)"
+    if not parts.scheme or not parts.hostname:
+        return "(STORMLAKE_WEBHOOK_URL, not a URL)"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    hidden = "?…" if parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}{hidden}"
 
 
 def build_targets(publish_dir: Path, webhook_url: str | None, *, timeout_s: float = 10.0,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,13 +95,13 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         landing=Path(get("STORMLAKE_LANDING") or home / "landing").expanduser().absolute(),
         lake=lake,
         publish_dir=Path(get("STORMLAKE_PUBLISH_DIR") or home / "published").expanduser().absolute(),
-        webhook_url=get("STORMLAKE_WEBHOOK_URL"),
+        webhook_url=_webhook_url(get("STORMLAKE_WEBHOOK_URL")),
         pg_dsn=get("STORMLAKE_PG_DSN"),
         regions_file=Path(get("STORMLAKE_REGIONS") or DEFAULT_REGIONS_FILE).expanduser().absolute(),
         first_day=first_day,
         dagster_home=Path(get("DAGSTER_HOME") or home / "dagster").expanduser().absolute(),
-        webhook_timeout_s=_number(get, "STORMLAKE_WEBHOOK_TIMEOUT", 10.0),
-        webhook_tries=int(_number(get, "STORMLAKE_WEBHOOK_TRIES", 5)),
+        webhook_timeout_s=_number(get, "STORMLAKE_WEBHOOK_TIMEOUT", 10.0, positive=True),
+        webhook_tries=_whole(get, "STORMLAKE_WEBHOOK_TRIES", 5),
         webhook_backoff_s=_number(get, "STORMLAKE_WEBHOOK_BACKOFF", 0.5),
         workers=_workers(get),
         dead_letter_after=_whole(get, "STORMLAKE_DEAD_LETTER_AFTER", DEFAULT_DEAD_LETTER_AFTER),
@@ -114,16 +116,32 @@ def _workers(get) -> int:  # type: ignore[no-untyped-def]
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
 
 
+def _webhook_url(raw: str | None) -> str | None:
+    """``STORMLAKE_WEBHOOK_URL``: an http(s) URL with a host. The message never repeats the value,
+    which may hold a token."""
+    if raw is None:
+        return None
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("STORMLAKE_WEBHOOK_URL is not an http:// or https:// URL with a host"
+                          " (its value is not shown: it may hold a secret)")
+    return raw
+
+
 def _whole(get, name: str, default: int) -> int:  # type: ignore[no-untyped-def]
     raw = get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise ConfigError(f"{name}={raw!r} is not a whole number of at least 1")
     return int(raw)
 
 
-def _number(get, name: str, default: float) -> float:  # type: ignore[no-untyped-def]
+def _number(get, name: str, default: float, *, positive: bool = False) -> float:  # type: ignore[no-untyped-def]
     raw = get(name)
     if raw is None:
         return default
@@ -131,8 +149,10 @@ def _number(get, name: str, default: float) -> float:  # type: ignore[no-untyped
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} must not be negative")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not a finite number")
+    if value < 0 or (positive and value == 0):
+        raise ConfigError(f"{name}={raw!r} must be {'above 0' if positive else 'at least 0'}")
     return value
 
 

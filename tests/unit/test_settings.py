@@ -16,3 +16,42 @@ def test_the_lakes_log_retention_defaults_to_two_minutes_and_takes_whole_minutes
     for bad in ("0", "-1", "2.5", "two"):
         with pytest.raises(ConfigError, match="STORMLAKE_LAKE_LOG_RETENTION_MINUTES=.* whole number of at least 1"):
             load_settings({"STORMLAKE_LAKE_LOG_RETENTION_MINUTES": bad})
+
+
+@pytest.mark.parametrize(("name", "bad", "says"), [
+    ("STORMLAKE_WEBHOOK_TRIES", "nan", "whole number"),
+    ("STORMLAKE_WEBHOOK_TRIES", "inf", "whole number"),
+    ("STORMLAKE_WEBHOOK_TRIES", "0", "whole number"),
+    ("STORMLAKE_WORKERS", "\u00b2", "whole number"),  # a digit to str.isdigit, not to int()
+    ("STORMLAKE_WEBHOOK_TIMEOUT", "nan", "finite number"),
+    ("STORMLAKE_WEBHOOK_TIMEOUT", "inf", "finite number"),
+    ("STORMLAKE_WEBHOOK_TIMEOUT", "0", "above 0"),
+    ("STORMLAKE_WEBHOOK_BACKOFF", "-1", "at least 0"),
+])
+def test_a_bad_number_setting_is_a_config_error_naming_it(name: str, bad: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}=.*{says}"):
+        load_settings({name: bad})
+
+
+def test_the_webhook_url_must_be_http_with_a_host_and_its_value_is_never_repeated() -> None:
+    good = "https://hook:S3CRET@consumer.example:8443/in?token=T0KEN"
+    assert load_settings({"STORMLAKE_WEBHOOK_URL": good}).webhook_url == good
+    for bad in ("garbage", "htp://hook:S3CRET@x/in", "https:///in?token=S3CRET", "http://x:port/in"):
+        with pytest.raises(ConfigError, match="STORMLAKE_WEBHOOK_URL is not an http") as raised:
+            load_settings({"STORMLAKE_WEBHOOK_URL": bad})
+        assert "S3CRET" not in str(raised.value) and bad not in str(raised.value)
+
+
+def test_a_webhook_s_errors_and_receipts_show_its_url_without_secrets() -> None:
+    import doctest
+
+    import resources.publisher as publisher
+
+    assert doctest.testmod(publisher).failed == 0
+    target = publisher.WebhookTarget("http://hook:S3CRET@127.0.0.1:1/in?token=T0KEN", max_tries=1, timeout_s=1)
+    artifact = publisher.Artifact("gulf_coast", "2026-09-01", "summary.json", b"{}")
+    assert target.shown_ref(artifact) == "http://127.0.0.1:1/in?\u2026"
+    with pytest.raises(publisher.DeliveryExhausted) as raised:  # nothing listens on port 1
+        target.deliver(artifact, supersedes=None)
+    assert "S3CRET" not in str(raised.value) and "T0KEN" not in str(raised.value)
+    assert "http://127.0.0.1:1/in?\u2026" in str(raised.value)
