@@ -110,6 +110,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--regions must be between 1 and {len(regions)} (the region file's length)")
     if args.days < 1 or args.rows_per_partition < 1:
         raise ConfigError("--days and --rows-per-partition must be at least 1")
+    if args.seed < 0:
+        raise ConfigError(f"--seed {args.seed}: must be at least 0")
     noisy = getattr(args, "noisy", 0.0)
     if not 0.0 <= noisy <= 1.0:
         raise ConfigError(f"--noisy {noisy}: a share of partitions, between 0 and 1")
@@ -394,6 +396,8 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.report import write_report
 
     out = Path(args.out) if args.out else settings.home / "report.html"
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a folder; name the report's file (for example {out / 'report.html'})")
     ledger = _reading_ledger(settings, args.role)
     _say_hidden(ledger, args.role)
     write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
@@ -402,6 +406,10 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    for flag, value in (("--partitions", args.partitions), ("--rows-per-partition", args.rows_per_partition),
+                        ("--repeat", args.repeat)):
+        if value is not None and value < 1:  # 0 is no default: a bench of nothing is a mistake
+            raise ConfigError(f"{flag} {value}: must be at least 1")
     if args.all:
         from pipeline.tools.bench_year import run_year_bench
 
@@ -665,6 +673,14 @@ def main(argv: list[str] | None = None) -> int:
         # The reader of stdout went away (`stormlake status | head`): nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # A path of the settings or the arguments that cannot be used (a file where a folder
+        # goes, no permission, a read-only file system): one line naming it, as a usage error.
+        if args.debug or exc.filename is None:
+            raise
+        print(f"stormlake: {exc.filename}: {exc.strerror or exc.__class__.__name__}"
+              " (check the paths in the settings and the arguments)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -208,6 +208,29 @@ def test_unknown_region_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
     assert_one_line_error(stormlake("backfill", "--regions", "nope", env=env, cwd=tmp_path), 2, "nope")
 
 
+@pytest.mark.parametrize(("args", "needle"), [
+    (("bench", "--partitions", "0"), "--partitions 0"),
+    (("bench", "--workers", "--repeat", "0"), "--repeat 0"),
+    (("bench", "--ui", "--rows-per-partition", "-1"), "--rows-per-partition -1"),
+    (("generate", "--seed", "-1"), "--seed -1"),
+], ids=["bench-no-partitions", "bench-no-turns", "bench-negative-rows", "generate-negative-seed"])
+def test_a_number_argument_out_of_range_is_a_usage_error_before_any_work(tmp_path: Path, pg_dsn: str,
+                                                                         args: tuple[str, ...], needle: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    assert_one_line_error(stormlake(*args, env=env, cwd=tmp_path), 2, needle)
+    assert not (tmp_path / "home" / "bench").exists() and not (tmp_path / "home" / "landing").exists()
+
+
+def test_a_path_that_cannot_be_used_is_a_usage_error_naming_it(tmp_path: Path, pg_dsn: str) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+    env = base_env(a_file, STORMLAKE_PG_DSN=pg_dsn)  # STORMLAKE_HOME is a file
+    assert_one_line_error(stormlake("backfill", env=env, cwd=tmp_path), 2, f"{a_file}/")
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    assert_one_line_error(stormlake("report", "--role", "admin", "--out", str(tmp_path), env=env, cwd=tmp_path), 2,
+                          f"--out {tmp_path}: is a folder")
+
+
 def test_bad_days_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
     env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
     assert_one_line_error(stormlake("backfill", "--days", "2026-13-01..x", env=env, cwd=tmp_path), 2, "--days")
