@@ -18,24 +18,27 @@ from pathlib import Path
 
 from resources.errors import ConfigError, StormlakeError
 from resources.keys import partition_key
-from resources.settings import REGION_ID_RE, Settings, load_regions, load_settings
+from resources.settings import DAY_RE, REGION_ID_RE, Settings, load_regions, load_settings
 
 SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
 
 
-def _days(spec: str | None, first_day: str) -> tuple[str, str] | None:
+def _days(spec: str | None, first_day: str, flag: str = "--days") -> tuple[str, str] | None:
     if not spec:
         return None
     start, sep, end = spec.partition("..")
     end = end if sep else start
     try:
+        if not (DAY_RE.match(start) and DAY_RE.match(end)):
+            raise ValueError(spec)
         a, b = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
     except ValueError:
-        raise ConfigError(f"--days {spec!r}: expected YYYY-MM-DD..YYYY-MM-DD") from None
+        shape = "YYYY-MM-DD..YYYY-MM-DD" if flag == "--days" else "YYYY-MM-DD"
+        raise ConfigError(f"{flag} {spec!r}: expected {shape}") from None
     if a > b:
-        raise ConfigError(f"--days {spec!r}: the start is after the end")
+        raise ConfigError(f"{flag} {spec!r}: the start is after the end")
     if a < dt.date.fromisoformat(first_day):
-        raise ConfigError(f"--days {spec!r}: starts before STORMLAKE_FIRST_DAY={first_day}")
+        raise ConfigError(f"{flag} {spec!r}: starts before STORMLAKE_FIRST_DAY={first_day}")
     return a.isoformat(), b.isoformat()
 
 
@@ -116,7 +119,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     if not 0.0 <= noisy <= 1.0:
         raise ConfigError(f"--noisy {noisy}: a share of partitions, between 0 and 1")
     start = args.start or settings.first_day
-    _days(start, settings.first_day)
+    _days(start, settings.first_day, flag="--start")
     total = args.regions * args.days
 
     def progress(stage: str, done: int, of: int) -> None:
@@ -142,7 +145,10 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
 
     _prepare(settings)
     if not keys:
-        print("no partitions selected (the landing zone has no matching <region>/<day>/ folders)")
+        if not settings.landing.is_dir():
+            raise ConfigError(f"the landing zone {settings.landing} is not a folder (set STORMLAKE_LANDING,"
+                              " or write a scenario with `stormlake generate`)")
+        print(f"no partitions selected (the landing zone {settings.landing} has no matching <region>/<day>/ folders)")
         return []
     workers = workers or settings.workers
     sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']}"

@@ -289,6 +289,21 @@ class _LeaseGroup:
                 self._ledger._lease_session_done(self._conn, reusable=reusable)  # noqa: SLF001
 
 
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own reason for a failed connection or statement, on one short line (libpq's
+    messages name the server, the database and the user, never a password)."""
+    text = " ".join(str(exc).split())
+    return (text[:240] + "…") if len(text) > 240 else (text or exc.__class__.__name__)
+
+
+def _advice(exc: BaseException) -> str:
+    """What to check: the DSN when the server answered that its database or user is wrong."""
+    text = str(exc)
+    if any(s in text for s in ("does not exist", "authentication failed", "no pg_hba.conf entry", "invalid port")):
+        return "check STORMLAKE_PG_DSN (the server answered; its database or user is not right)"
+    return "check that PostgreSQL is running, then run again"
+
 class Ledger:
     """One connection pool per process and DSN; see :func:`get_ledger`.
 
@@ -421,7 +436,7 @@ class Ledger:
                 if attempt == self.retries:
                     raise LedgerUnavailable(
                         f"ledger unreachable while trying to {what} ({exc.__class__.__name__}"
-                        f" after {attempt} tries); check that PostgreSQL is running, then run again"
+                        f" after {attempt} tries: {_reason(exc)}); {_advice(exc)}"
                     ) from exc
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 2.0)
@@ -481,8 +496,8 @@ class Ledger:
                 return fn(conn)
         except _TRANSIENT as exc:
             raise LedgerUnavailable(
-                f"ledger unreachable while trying to {what} ({exc.__class__.__name__}); check that PostgreSQL"
-                " is running, then run again") from exc
+                f"ledger unreachable while trying to {what} ({exc.__class__.__name__}: {_reason(exc)});"
+                f" {_advice(exc)}") from exc
         except psycopg.Error as exc:
             raise LedgerError(f"ledger error while trying to {what}: {exc.__class__.__name__}: {exc}") from exc
 

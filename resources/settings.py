@@ -22,6 +22,7 @@ DEFAULT_FIRST_DAY = "2026-09-01"
 DEFAULT_LAKE_LOG_RETENTION_MINUTES = 2  # how long a Delta log keeps older commits (resources/lake.py says why)
 DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
 DEFAULT_WRITE_TOGETHER = 8  # small partitions of a range step whose tables share a Delta commit
+DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
 
@@ -82,6 +83,8 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     home = Path(get("STORMLAKE_HOME") or "./.stormlake").expanduser().absolute()
     first_day = get("STORMLAKE_FIRST_DAY") or DEFAULT_FIRST_DAY
     try:
+        if not DAY_RE.match(first_day):  # fromisoformat takes 20260901 and 2026-W36-2 too
+            raise ValueError(first_day)
         dt.date.fromisoformat(first_day)
     except ValueError as exc:
         raise ConfigError(
@@ -90,11 +93,14 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     lake = get("STORMLAKE_LAKE") or str(home / "lake")
     if "://" not in lake:
         lake = str(Path(lake).expanduser().absolute())
+        _a_folder("STORMLAKE_LAKE", Path(lake))
+    publish_dir = Path(get("STORMLAKE_PUBLISH_DIR") or home / "published").expanduser().absolute()
+    _a_folder("STORMLAKE_PUBLISH_DIR", publish_dir)
     return Settings(
         home=home,
         landing=Path(get("STORMLAKE_LANDING") or home / "landing").expanduser().absolute(),
         lake=lake,
-        publish_dir=Path(get("STORMLAKE_PUBLISH_DIR") or home / "published").expanduser().absolute(),
+        publish_dir=publish_dir,
         webhook_url=_webhook_url(get("STORMLAKE_WEBHOOK_URL")),
         pg_dsn=get("STORMLAKE_PG_DSN"),
         regions_file=Path(get("STORMLAKE_REGIONS") or DEFAULT_REGIONS_FILE).expanduser().absolute(),
@@ -114,6 +120,16 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
 def _workers(get) -> int:  # type: ignore[no-untyped-def]
     """``STORMLAKE_WORKERS``: how many backfill processes run at once (default: the machine's cores)."""
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
+
+
+def _a_folder(name: str, path: Path) -> None:
+    """A folder setting may name a folder still to be made, not a file: a phase would otherwise
+    fail on it, and count toward its dead letter, for a mistake in the settings."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"{name}={str(path)!r}: {p} is a file, not a folder")
+            return
 
 
 def _webhook_url(raw: str | None) -> str | None:
@@ -178,7 +194,11 @@ def load_regions(path: Path | str) -> list[Region]:
             data = data["regions"]
         if not isinstance(data, list):
             raise ConfigError(f"{path}: expected a list of regions")
-        rows = [(i + 1, {k: str(v) for k, v in (item or {}).items()}) for i, item in enumerate(data)]
+        for i, item in enumerate(data):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{path}: region {i + 1} of the list is {type(item).__name__} {item!r}, not a mapping"
+                                  f" of {', '.join(REGION_FIELDS)}")
+        rows = [(i + 1, {str(k): str(v) for k, v in item.items()}) for i, item in enumerate(data)]
     else:
         try:
             with path.open(newline="", encoding="utf-8") as fh:

@@ -231,6 +231,17 @@ def test_a_path_that_cannot_be_used_is_a_usage_error_naming_it(tmp_path: Path, p
                           f"--out {tmp_path}: is a folder")
 
 
+def test_a_landing_zone_that_is_not_there_is_a_usage_error_naming_it(tmp_path: Path, pg_dsn: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_LANDING=str(tmp_path / "nowhere"))
+    assert_one_line_error(stormlake("backfill", env=env, cwd=tmp_path), 2, f"{tmp_path / 'nowhere'} is not a folder")
+
+
+def test_a_dsn_naming_a_database_that_does_not_exist_says_so_and_names_the_setting(tmp_path: Path, pg_dsn: str) -> None:
+    env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=with_database(pg_dsn, "stormlake_no_such_database"))
+    assert_one_line_error(stormlake("status", env=env, cwd=tmp_path), 1, "stormlake_no_such_database",
+                          "does not exist", "check STORMLAKE_PG_DSN")
+
+
 def test_bad_days_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
     env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
     assert_one_line_error(stormlake("backfill", "--days", "2026-13-01..x", env=env, cwd=tmp_path), 2, "--days")

@@ -55,3 +55,25 @@ def test_a_webhook_s_errors_and_receipts_show_its_url_without_secrets() -> None:
         target.deliver(artifact, supersedes=None)
     assert "S3CRET" not in str(raised.value) and "T0KEN" not in str(raised.value)
     assert "http://127.0.0.1:1/in?\u2026" in str(raised.value)
+
+
+def test_a_day_setting_takes_only_yyyy_mm_dd_and_a_folder_setting_no_file(tmp_path) -> None:  # noqa: ANN001
+    for bad in ("20260901", "2026-W36-2", "2026-13-01"):
+        with pytest.raises(ConfigError, match="STORMLAKE_FIRST_DAY=.*YYYY-MM-DD"):
+            load_settings({"STORMLAKE_FIRST_DAY": bad})
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n")
+    for name, value in (("STORMLAKE_PUBLISH_DIR", a_file), ("STORMLAKE_LAKE", a_file / "lake")):
+        with pytest.raises(ConfigError, match=f"{name}=.*{a_file} is a file, not a folder"):
+            load_settings({name: str(value), "STORMLAKE_HOME": str(tmp_path)})
+    fine = load_settings({"STORMLAKE_PUBLISH_DIR": str(tmp_path / "not" / "made" / "yet"), "STORMLAKE_HOME": str(tmp_path)})
+    assert fine.publish_dir == tmp_path / "not" / "made" / "yet"
+
+
+def test_a_yaml_region_list_of_plain_values_names_the_file_and_the_item(tmp_path) -> None:  # noqa: ANN001
+    from resources.settings import load_regions
+
+    path = tmp_path / "regions.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"regions\.yaml: region 1 of the list is str 'a', not a mapping"):
+        load_regions(path)
