@@ -273,8 +273,13 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     from resources.keys import split_partition_key
 
     day, region = split_partition_key(args.key)
-    if region not in {r.region_id for r in load_regions(settings.regions_file)}:
-        raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file)")
+    try:
+        real_day = bool(DAY_RE.match(day)) and dt.date.fromisoformat(day) >= dt.date.fromisoformat(settings.first_day)
+    except ValueError:
+        real_day = False
+    if not real_day or region not in {r.region_id for r in load_regions(settings.regions_file)}:
+        raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file,"
+                          f" from STORMLAKE_FIRST_DAY={settings.first_day})")
     if not (args.reason or "").strip():
         raise ConfigError("release needs --reason TEXT: the ledger records why")
     release = _reading_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
@@ -332,7 +337,10 @@ def _since(text: str | None) -> dt.datetime | None:
     m = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if m:
         seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        try:
+            return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        except (OverflowError, ValueError):  # further back than the calendar goes: every read
+            return dt.datetime(1, 1, 1, tzinfo=dt.UTC)
     try:
         t = dt.datetime.fromisoformat(text.strip())
     except ValueError:
@@ -344,6 +352,8 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
     """The access policy, its changes, and the log of every read by a person (migration 007)."""
     ledger = _reading_ledger(settings)
     if args.action == "log":
+        if args.limit < 0:
+            raise ConfigError(f"--limit {args.limit}: give a number of rows, 0 or more")
         total, rows = ledger.access_log(role=args.role, since=_since(args.since), limit=args.limit)
         print(f"{total} logged reads" + (f" by {args.role}" if args.role else "")
               + (f" since {args.since}" if args.since else "") + (f"; the newest {len(rows)}:" if rows else ""))
@@ -370,8 +380,8 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
-    if args.older_than < 1:
-        raise ConfigError("--older-than must be at least 1 day")
+    if not 1 <= args.older_than <= 36_500:
+        raise ConfigError(f"--older-than {args.older_than}: give a number of days from 1 to 36,500")
     window_start = settings.first_day
     if args.keep_from:
         try:

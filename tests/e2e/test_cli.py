@@ -213,7 +213,12 @@ def test_unknown_region_is_a_usage_error(tmp_path: Path, pg_dsn: str) -> None:
     (("bench", "--workers", "--repeat", "0"), "--repeat 0"),
     (("bench", "--ui", "--rows-per-partition", "-1"), "--rows-per-partition -1"),
     (("generate", "--seed", "-1"), "--seed -1"),
-], ids=["bench-no-partitions", "bench-no-turns", "bench-negative-rows", "generate-negative-seed"])
+    (("access", "log", "--limit", "-1"), "--limit -1"),
+    (("prune", "--older-than", "99999999999"), "--older-than 99999999999"),
+    (("release", "2026-13-01|gulf_coast", "--reason", "x"), "not a partition key"),
+    (("release", "2025-01-01|gulf_coast", "--reason", "x"), "STORMLAKE_FIRST_DAY"),
+], ids=["bench-no-partitions", "bench-no-turns", "bench-negative-rows", "generate-negative-seed",
+        "access-log-negative-limit", "prune-beyond-the-calendar", "release-no-such-day", "release-before-the-first-day"])
 def test_a_number_argument_out_of_range_is_a_usage_error_before_any_work(tmp_path: Path, pg_dsn: str,
                                                                          args: tuple[str, ...], needle: str) -> None:
     env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)

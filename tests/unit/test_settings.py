@@ -77,3 +77,12 @@ def test_a_yaml_region_list_of_plain_values_names_the_file_and_the_item(tmp_path
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match=r"regions\.yaml: region 1 of the list is str 'a', not a mapping"):
         load_regions(path)
+
+
+def test_an_age_further_back_than_the_calendar_reads_as_every_time() -> None:
+    import datetime as dt
+
+    from pipeline.cli import _since
+
+    assert _since("99999999999d") == dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+    assert dt.datetime.now(dt.UTC) - _since("2h") < dt.timedelta(hours=2, minutes=5)
