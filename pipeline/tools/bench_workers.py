@@ -14,7 +14,10 @@ most the backfills' could be if all of their work ran in parallel; the table pri
 the workers' speedup as a share of the host's. It also times the start that every backfill
 process pays on one core before any work can be shared (:func:`start_seconds`: the modules a
 worker is forked with), and from the two the most the workers' speedup could be in that turn
-(:func:`speedup_bound`).
+(:func:`speedup_bound`). Where ``/proc/stat`` tells (Linux), it also reads what the
+machine's cores did while each backfill ran (:func:`cpu_seconds`): how much work both took in
+all (PostgreSQL's included), and how long the cores sat idle, which with N workers beyond the
+start's (N - 1) x S is work the workers did not share out.
 
 Each home is a deployment made before the clock starts (:func:`prepare_home`), as a backfill
 finds it in use: Dagster's storage created and the ledger's tables migrated, nothing run. Their
@@ -25,6 +28,7 @@ start included).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -109,6 +113,33 @@ def speedup_bound(one_s: float, start_s: float, ceiling: float) -> float:
     return round(one_s / (start_s + (one_s - start_s) / ceiling), 3)
 
 
+def cpu_seconds(stat: Path = Path("/proc/stat")) -> dict[str, float] | None:
+    """Seconds that all of this machine's cores spent busy, idle (waiting for I/O included) and
+    stolen by the host for other machines since it started, from ``stat`` (Linux), or None where
+    there is no such file. The difference of two readings is what the cores did between them,
+    every process's work counted, PostgreSQL's too.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     f = Path(d) / "stat"
+        ...     _ = f.write_text("cpu  300 0 100 500 100 0 0 50 0 0\\ncpu0 150 0 50 250 50 0 0 25 0 0\\n")
+        ...     ticks = os.sysconf("SC_CLK_TCK")
+        ...     {k: round(v * ticks) for k, v in cpu_seconds(f).items()}
+        {'busy_s': 400, 'idle_s': 600, 'stolen_s': 50}
+    """
+    try:
+        first = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(first) < 9 or first[0] != "cpu":
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    hz = os.sysconf("SC_CLK_TCK")
+    return {"busy_s": (user + nice + system + irq + softirq) / hz, "idle_s": (idle + iowait) / hz,
+            "stolen_s": steal / hz}
+
+
 def prepare_home(env: dict[str, str]) -> float:
     """Make the deployment of ``env`` as a backfill finds it in use, before a clock starts:
     ``stormlake env`` writes ``dagster.yaml`` and creates Dagster's storage (the ledger's tables
@@ -116,13 +147,19 @@ def prepare_home(env: dict[str, str]) -> float:
     return _cli(env, "env")
 
 
-def timed_backfill(root: Path, name: str, landing: Path, dbs: Databases, *args: str) -> float:
+def timed_backfill(root: Path, name: str, landing: Path, dbs: Databases, *args: str,
+                   cpu: dict[str, float] | None = None) -> float:
     """One ``stormlake backfill *args`` of the landing zone on a new home ``root / name`` with new
-    databases, prepared first (:func:`prepare_home`, not timed); its wall seconds."""
+    databases, prepared first (:func:`prepare_home`, not timed); its wall seconds. ``cpu``, when
+    given, takes what the machine's cores did meanwhile (:func:`cpu_seconds`), where that is known."""
     ledger_dsn, _ = dbs.create()
     env = _child_env(root / name, landing, ledger_dsn)
     prepared = prepare_home(env)
+    before = cpu_seconds()
     wall = _cli(env, "backfill", *args)
+    after = cpu_seconds()
+    if cpu is not None and before and after:
+        cpu.update({k: round(after[k] - before[k], 2) for k in before})
     _say(f"{name}: {wall:.1f}s (its home prepared before, in {prepared:.1f}s)")
     return wall
 
@@ -154,16 +191,25 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
     root.mkdir(parents=True)
     landing, keys = _generate(root, settings, partitions, rows, args.seed)
     ceilings: list[dict[str, float]] = []
+    cores: list[dict[str, dict[str, float]]] = []  # per turn, what the cores did during each backfill
 
     def one_worker(dbs: Databases, r: int) -> float:
         ceilings.append(dict(host_ceiling(workers), start_s=start_seconds()))
         c = ceilings[-1]
         _say(f"host ceiling {r}: {c['one_s']:.1f}s in one process, {c['many_s']:.1f}s in {workers} at once "
              f"({c['speedup']:.3f}); a backfill's start {c['start_s']:.1f}s")
-        return timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1")
+        cores.append({"one": {}, "many": {}})
+        return timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1", cpu=cores[-1]["one"])
 
-    turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"), one_worker,
-                       lambda dbs, r: timed_backfill(root, f"many-{r}", landing, dbs, "--workers", str(workers)),
+    def many_workers(dbs: Databases, r: int) -> float:
+        wall = timed_backfill(root, f"many-{r}", landing, dbs, "--workers", str(workers), cpu=cores[-1]["many"])
+        if all(cores[-1].values()):
+            _say(f"the cores in turn {r}: " + "; ".join(
+                f"{name} busy {c['busy_s']:.1f}s, idle {c['idle_s']:.1f}s, stolen {c['stolen_s']:.1f}s"
+                for name, c in cores[-1].items()))
+        return wall
+
+    turns = take_turns(settings, args.repeat, ("one_s", "many_s", "speedup"), one_worker, many_workers,
                        ratio=lambda one, many: one / many)
     speedup = statistics.median(t["speedup"] for t in turns)
     ceiling = statistics.median(c["speedup"] for c in ceilings)
@@ -176,6 +222,11 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
               "host": {"turns": ceilings, "speedup": round(ceiling, 3),
                        "bound": round(statistics.median(c["bound"] for c in ceilings), 3),
                        "share": round(statistics.median(t["speedup"] / c["speedup"] for t, c in zip(turns, ceilings, strict=True)), 3)}}
+    if cores and all(c["one"] and c["many"] for c in cores):
+        result["cores"] = {"turns": cores,
+                           "work": round(statistics.median(c["many"]["busy_s"] / c["one"]["busy_s"] for c in cores), 3),
+                           "idle_beyond_start_s": round(statistics.median(
+                               c["many"]["idle_s"] - (workers - 1) * h["start_s"] for c, h in zip(cores, ceilings, strict=True)), 2)}
     return result
 
 
@@ -200,10 +251,11 @@ def render_workers(result: dict[str, Any]) -> str:
     """The workers' turns against the target, then the host's own ceiling in the same turns.
 
     Example:
-        >>> print(render_workers({"config": {"partitions": 16, "rows_per_partition": 20000, "workers": 2},
+        >>> result = {"config": {"partitions": 16, "rows_per_partition": 20000, "workers": 2},
         ...     "turns": [{"one_s": 9.0, "many_s": 6.0, "speedup": 1.5}], "speedup": 1.5, "target": 1.6, "met": False,
         ...     "host": {"turns": [{"one_s": 2.0, "many_s": 1.1, "speedup": 1.818, "start_s": 3.0, "bound": 1.402}],
-        ...              "speedup": 1.818, "bound": 1.402, "share": 0.825}}))
+        ...              "speedup": 1.818, "bound": 1.402, "share": 0.825}}
+        >>> print(render_workers(result))
         backfill of 16 partitions x 20,000 rows: 1 process against 2, each on a new home prepared before the clock
         turn    1 worker  2 workers  speedup
         1           9.0s       6.0s    1.500
@@ -211,6 +263,17 @@ def render_workers(result: dict[str, Any]) -> str:
         this host's ceiling in the same turns: a CPU-bound loop split over 2 processes at once; a backfill's start on one core; the most the workers could gain
         1           2.0s       1.1s    1.818      3.0s    1.402
         median 1.818; the workers' speedup is 0.825 of it; the most they could gain 1.402
+
+    Where the cores' time was read (Linux), a third table:
+
+        >>> result["cores"] = {"turns": [{"one": {"busy_s": 10.0, "idle_s": 8.0, "stolen_s": 0.0},
+        ...                               "many": {"busy_s": 11.0, "idle_s": 3.5, "stolen_s": 0.0}}],
+        ...                    "work": 1.1, "idle_beyond_start_s": 0.5}
+        >>> print(render_workers(result).split("\\n", 7)[7])
+        the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included)
+        turn  1 worker busy    idle  2 workers busy    idle
+        1             10.0s    8.0s           11.0s    3.5s
+        median: 2 workers took 1.100 x the work of 1; their cores sat idle 0.5s beyond 1 x the start, while one core ran it
     """
     c = result["config"]
     text = render_turns(
@@ -227,4 +290,13 @@ def render_workers(result: dict[str, Any]) -> str:
               for i, t in enumerate(host["turns"], 1)]
     lines.append(f"median {host['speedup']:.3f}; the workers' speedup is {host['share']:.3f} of it;"
                  f" the most they could gain {host['bound']:.3f}")
+    cores = result.get("cores")
+    if cores:
+        n = c["workers"]
+        lines += ["the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included)",
+                  f"{'turn':<5} {'1 worker busy':>13} {'idle':>7} {f'{n} workers busy':>15} {'idle':>7}"]
+        lines += [f"{i:<5} {t['one']['busy_s']:>12.1f}s {t['one']['idle_s']:>6.1f}s {t['many']['busy_s']:>14.1f}s"
+                  f" {t['many']['idle_s']:>6.1f}s" for i, t in enumerate(cores["turns"], 1)]
+        lines.append(f"median: {n} workers took {cores['work']:.3f} x the work of 1; their cores sat idle"
+                     f" {cores['idle_beyond_start_s']:.1f}s beyond {n - 1} x the start, while one core ran it")
     return "\n".join(lines)

@@ -192,6 +192,32 @@ def test_the_host_ceiling_times_the_same_loop_in_one_process_and_split_over_seve
         workers.host_ceiling(2, steps=400_000)
 
 
+def test_the_cores_time_during_a_backfill_is_read_from_proc_stat(tmp_path: Path) -> None:
+    """``bench --workers`` reads what the machine's cores did while each backfill ran: two readings
+    differ by the wall time on every core (busy, idle or stolen), and this process's own work is in
+    the busy part. Where there is no such file, or not in that form, there is no figure and no error."""
+    import time
+
+    import pipeline.tools.bench_workers as workers
+
+    assert workers.cpu_seconds(tmp_path / "missing") is None
+    (tmp_path / "stat").write_text("intr 1 2 3\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert workers.cpu_seconds(tmp_path / "stat") is None
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        pytest.skip("no /proc/stat here: the bench prints no idle time")
+    cores = sum(1 for line in stat.read_text().splitlines() if line.startswith("cpu") and line[3:4].isdigit())
+    before, wall, cpu = workers.cpu_seconds(), time.perf_counter(), time.process_time()
+    while time.process_time() - cpu < 0.5:  # this process's own work, however fast the machine
+        sum(range(10_000))
+    after, wall, cpu = workers.cpu_seconds(), time.perf_counter() - wall, time.process_time() - cpu
+    spent = {k: after[k] - before[k] for k in after}
+    assert all(v >= 0 for v in spent.values()), spent
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert spent["busy_s"] + spent["stolen_s"] >= cpu - 5 * tick, (spent, cpu)
+    assert abs(sum(spent.values()) - wall * cores) <= cores * (0.1 + wall * 0.05), (spent, wall, cores)
+
+
 def test_a_prepared_home_has_dagster_s_storage_and_no_run(pg_admin_dsn: str, tmp_path: Path) -> None:
     """What the workers' and UI benches time against: a deployment in use, nothing run yet."""
     from pipeline.tools.bench import Databases, _child_env
