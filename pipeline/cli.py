@@ -23,18 +23,25 @@ from resources.settings import DAY_RE, REGION_ID_RE, Settings, load_regions, loa
 SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
 
 
+def _a_day(text: str) -> dt.date | None:
+    """``text`` as a day when it is one written YYYY-MM-DD, else None (``fromisoformat`` alone
+    also takes 20260901 and 2026-W36-2)."""
+    if not DAY_RE.match(text):
+        return None
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
 def _days(spec: str | None, first_day: str, flag: str = "--days") -> tuple[str, str] | None:
     if not spec:
         return None
     start, sep, end = spec.partition("..")
-    end = end if sep else start
-    try:
-        if not (DAY_RE.match(start) and DAY_RE.match(end)):
-            raise ValueError(spec)
-        a, b = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
-    except ValueError:
+    a, b = _a_day(start), _a_day(end if sep else start)
+    if a is None or b is None:
         shape = "YYYY-MM-DD..YYYY-MM-DD" if flag == "--days" else "YYYY-MM-DD"
-        raise ConfigError(f"{flag} {spec!r}: expected {shape}") from None
+        raise ConfigError(f"{flag} {spec!r}: expected {shape}")
     if a > b:
         raise ConfigError(f"{flag} {spec!r}: the start is after the end")
     if a < dt.date.fromisoformat(first_day):
@@ -273,11 +280,8 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     from resources.keys import split_partition_key
 
     day, region = split_partition_key(args.key)
-    try:
-        real_day = bool(DAY_RE.match(day)) and dt.date.fromisoformat(day) >= dt.date.fromisoformat(settings.first_day)
-    except ValueError:
-        real_day = False
-    if not real_day or region not in {r.region_id for r in load_regions(settings.regions_file)}:
+    when = _a_day(day)
+    if when is None or when < dt.date.fromisoformat(settings.first_day) or region not in {r.region_id for r in load_regions(settings.regions_file)}:
         raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file,"
                           f" from STORMLAKE_FIRST_DAY={settings.first_day})")
     if not (args.reason or "").strip():

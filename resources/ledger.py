@@ -289,7 +289,6 @@ class _LeaseGroup:
                 self._ledger._lease_session_done(self._conn, reusable=reusable)  # noqa: SLF001
 
 
-
 def _reason(exc: BaseException) -> str:
     """The driver's own reason for a failed connection or statement, on one short line (libpq's
     messages name the server, the database and the user, never a password)."""
@@ -303,6 +302,7 @@ def _advice(exc: BaseException) -> str:
     if any(s in text for s in ("does not exist", "authentication failed", "no pg_hba.conf entry", "invalid port")):
         return "check STORMLAKE_PG_DSN (the server answered; its database or user is not right)"
     return "check that PostgreSQL is running, then run again"
+
 
 class Ledger:
     """One connection pool per process and DSN; see :func:`get_ledger`.
