@@ -16,8 +16,10 @@ process pays on one core before any work can be shared (:func:`start_seconds`: t
 worker is forked with), and from the two the most the workers' speedup could be in that turn
 (:func:`speedup_bound`). Where ``/proc/stat`` tells (Linux), it also reads what the
 machine's cores did while each backfill ran (:func:`cpu_seconds`): how much work both took in
-all (PostgreSQL's included), and how long the cores sat idle, which with N workers beyond the
-start's (N - 1) x S is work the workers did not share out.
+all (PostgreSQL's included), how long the cores sat idle, which with N workers beyond the
+start's (N - 1) x S is work the workers did not share out, and the most N workers could gain
+if they did no more work than one (:func:`work_bound`), a tighter bound, since one worker
+already keeps more than one core busy.
 
 Each home is a deployment made before the clock starts (:func:`prepare_home`), as a backfill
 finds it in use: Dagster's storage created and the ledger's tables migrated, nothing run. Their
@@ -111,6 +113,26 @@ def speedup_bound(one_s: float, start_s: float, ceiling: float) -> float:
         1.6
     """
     return round(one_s / (start_s + (one_s - start_s) / ceiling), 3)
+
+
+def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) -> float:
+    """The most ``N`` workers could gain over one in a backfill of ``one_s`` seconds that kept
+    the machine's cores busy ``one_busy_s`` core-seconds in all (PostgreSQL's and every helper
+    thread's work counted, :func:`cpu_seconds`), if N workers did no more work than one: the start
+    (``start_s``, one core) first, then the rest of that work on N cores giving ``ceiling`` times
+    one core's.
+
+    :func:`speedup_bound` takes one worker for one core; it is more (1.18 cores here: the
+    lake's writers, the flush behind and PostgreSQL run beside its steps), so this bound is the
+    tighter one.
+
+    Example:
+        >>> work_bound(7.6, 2.1, 8.6, 1.953)  # 7.6 s against 2.1 + 6.5 / 1.953 = 5.43 s
+        1.4
+        >>> work_bound(7.6, 2.1, 7.6, 1.953) == speedup_bound(7.6, 2.1, 1.953)  # one worker, one core
+        True
+    """
+    return round(one_s / (start_s + max(0.0, one_busy_s - start_s) / ceiling), 3)
 
 
 def cpu_seconds(stat: Path = Path("/proc/stat")) -> dict[str, float] | None:
@@ -223,8 +245,11 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
                        "bound": round(statistics.median(c["bound"] for c in ceilings), 3),
                        "share": round(statistics.median(t["speedup"] / c["speedup"] for t, c in zip(turns, ceilings, strict=True)), 3)}}
     if cores and all(c["one"] and c["many"] for c in cores):
+        for t, c, h in zip(turns, cores, ceilings, strict=True):
+            c["bound"] = work_bound(t["one_s"], h["start_s"], c["one"]["busy_s"], h["speedup"])
         result["cores"] = {"turns": cores,
                            "work": round(statistics.median(c["many"]["busy_s"] / c["one"]["busy_s"] for c in cores), 3),
+                           "bound": round(statistics.median(c["bound"] for c in cores), 3),
                            "idle_beyond_start_s": round(statistics.median(
                                c["many"]["idle_s"] - (workers - 1) * h["start_s"] for c, h in zip(cores, ceilings, strict=True)), 2)}
     return result
@@ -267,13 +292,14 @@ def render_workers(result: dict[str, Any]) -> str:
     Where the cores' time was read (Linux), a third table:
 
         >>> result["cores"] = {"turns": [{"one": {"busy_s": 10.0, "idle_s": 8.0, "stolen_s": 0.0},
-        ...                               "many": {"busy_s": 11.0, "idle_s": 3.5, "stolen_s": 0.0}}],
-        ...                    "work": 1.1, "idle_beyond_start_s": 0.5}
+        ...                               "many": {"busy_s": 11.0, "idle_s": 3.5, "stolen_s": 0.0}, "bound": 1.25}],
+        ...                    "work": 1.1, "bound": 1.25, "idle_beyond_start_s": 0.5}
         >>> print(render_workers(result).split("\\n", 7)[7])
-        the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included)
-        turn  1 worker busy    idle  2 workers busy    idle
-        1             10.0s    8.0s           11.0s    3.5s
+        the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included); the most the workers could gain doing no more work than 1
+        turn  1 worker busy    idle  2 workers busy    idle    bound
+        1             10.0s    8.0s           11.0s    3.5s    1.250
         median: 2 workers took 1.100 x the work of 1; their cores sat idle 0.5s beyond 1 x the start, while one core ran it
+        with no more work than 1 worker's, shared at the host's ceiling after the start, 2 workers could gain at most 1.250
     """
     c = result["config"]
     text = render_turns(
@@ -293,10 +319,13 @@ def render_workers(result: dict[str, Any]) -> str:
     cores = result.get("cores")
     if cores:
         n = c["workers"]
-        lines += ["the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included)",
-                  f"{'turn':<5} {'1 worker busy':>13} {'idle':>7} {f'{n} workers busy':>15} {'idle':>7}"]
+        lines += ["the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included);"
+                  " the most the workers could gain doing no more work than 1",
+                  f"{'turn':<5} {'1 worker busy':>13} {'idle':>7} {f'{n} workers busy':>15} {'idle':>7} {'bound':>8}"]
         lines += [f"{i:<5} {t['one']['busy_s']:>12.1f}s {t['one']['idle_s']:>6.1f}s {t['many']['busy_s']:>14.1f}s"
-                  f" {t['many']['idle_s']:>6.1f}s" for i, t in enumerate(cores["turns"], 1)]
+                  f" {t['many']['idle_s']:>6.1f}s {t['bound']:>8.3f}" for i, t in enumerate(cores["turns"], 1)]
         lines.append(f"median: {n} workers took {cores['work']:.3f} x the work of 1; their cores sat idle"
                      f" {cores['idle_beyond_start_s']:.1f}s beyond {n - 1} x the start, while one core ran it")
+        lines.append(f"with no more work than 1 worker's, shared at the host's ceiling after the start, {n} workers"
+                     f" could gain at most {cores['bound']:.3f}")
     return "\n".join(lines)
