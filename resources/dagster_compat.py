@@ -212,18 +212,52 @@ def pool_storage_connections(instance: dg.DagsterInstance, *, max_overflow: int)
 
 
 def remember_tables(instance: dg.DagsterInstance) -> None:
-    """Answer the event-log storage's ``has_table`` from memory after its first look per table.
+    """Answer the storages' questions about their own schema from memory after the first look.
 
     dagster-postgres asks ``has_table`` (an inspector query on a fresh connection) for every asset
     event it stores, to see whether optional tables exist (dagster-io/dagster#34058, #34020). A
     process writing ten materializations a partition paid about a tenth of a backfill's wall time
-    for it. Tables are only ever added, by ``dagster instance migrate`` or stormlake's own storage
-    creation, both before the process starts its runs, so an answer once given stays true for the
-    process's life. The method is an instance attribute of the storage object, not public API.
+    for it. The storages also read every column of a table from the catalog to see whether an
+    optional one exists: ``asset_keys`` when storing an asset event or reading asset records (a
+    step's inputs' data versions), ``runs`` when creating a run, storing a run event or reading a
+    run's record. Those were 68 of the 598 statements a backfill of the bench's 16 partitions
+    sent in two runs.
+
+    Tables and columns are only ever added, by ``dagster instance migrate`` or stormlake's own
+    storage creation, both before the process starts its runs, so a table's answer once given
+    stays true for the process's life, and a column that exists keeps existing (a column check is
+    asked again until it is there). The methods are instance attributes of the storage objects,
+    not public API; one that is missing is left out.
     """
     storage = instance.event_log_storage
     if hasattr(storage, "has_table") and not hasattr(storage.has_table, "cache_info"):
         storage.has_table = functools.cache(storage.has_table)  # type: ignore[method-assign]
+    for name in ("has_asset_key_col", "has_default_pool_limit_col"):
+        _remember_yes(storage, name)
+    _remember_yes(storage, "_has_asset_key_col_on_connection", skip=1)  # (conn, column): by column
+    for name in ("has_run_stats_index_cols", "has_backfill_id_column", "has_bulk_actions_selector_cols",
+                 "has_bulk_action_job_name_column"):
+        _remember_yes(instance.run_storage, name)
+
+
+def _remember_yes(obj: object, name: str, *, skip: int = 0) -> None:
+    """Keep ``obj.name``'s True answers per arguments (after the first ``skip``, a connection)."""
+    method = getattr(obj, name, None)
+    if method is None or getattr(method, "stormlake_remembered", False):
+        return
+    yes: set[tuple] = set()
+
+    def remembered(*args):  # noqa: ANN002, ANN202 - the method's own arguments and answer
+        key = args[skip:]
+        if key in yes:
+            return True
+        answer = method(*args)
+        if answer is True:
+            yes.add(key)
+        return answer
+
+    remembered.stormlake_remembered = True  # type: ignore[attr-defined]
+    setattr(obj, name, remembered)
 
 
 def batch_planned_events(instance: dg.DagsterInstance) -> None:

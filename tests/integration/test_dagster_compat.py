@@ -389,6 +389,45 @@ def test_remember_tables_answers_has_table_without_a_query(instance: dg.DagsterI
     assert storage.has_table.cache_info().hits == 1
 
 
+def test_remember_tables_answers_the_column_checks_without_a_catalog_query(instance: dg.DagsterInstance) -> None:
+    """Once a column check said yes, the storages answer it without reading the catalog again: a
+    run of a partitioned asset then sends no catalog query, where before it sent several. A
+    column that is not there is asked again each time."""
+    import sqlalchemy as sa
+
+    catalog: list[str] = []
+
+    def count(conn, cursor, statement, *_args) -> None:  # noqa: ANN001 - SQLAlchemy's listener arguments
+        if "pg_catalog.pg_attribute" in statement:
+            catalog.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", count)
+    try:
+        events, runs = instance.event_log_storage, instance.run_storage
+        for name in ("has_asset_key_col", "_has_asset_key_col_on_connection", "has_run_stats_index_cols",
+                     "has_backfill_id_column"):
+            assert callable(getattr(events if "asset_key" in name else runs, name, None)), _fail(
+                f"the storage has no {name} method any more", "remember_tables")
+        one_asset_job().execute_in_process(instance=instance)
+        assert catalog, "a run without remember_tables read no column from the catalog: nothing to remember"
+        compat.remember_tables(instance)
+        assert events.has_asset_key_col("last_materialization_timestamp") is True
+        assert runs.has_run_stats_index_cols() is True and runs.has_backfill_id_column() is True
+        catalog.clear()
+        with events.index_connection() as conn:
+            assert events._has_asset_key_col_on_connection(conn, "last_materialization_timestamp") is True  # noqa: SLF001
+        assert events.has_asset_key_col("last_materialization_timestamp") is True
+        assert runs.has_run_stats_index_cols() is True
+        result = one_asset_job().execute_in_process(instance=instance)
+        assert result.success and catalog == [], catalog
+        assert events.has_asset_key_col("no_such_column") is False
+        assert events.has_asset_key_col("no_such_column") is False and len(catalog) == 2
+        compat.remember_tables(instance)  # a second call wraps nothing twice
+        assert events.has_asset_key_col("last_materialization_timestamp") is True and len(catalog) == 2
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", count)
+
+
 def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from alembic.script import ScriptDirectory
