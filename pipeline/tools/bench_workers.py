@@ -124,7 +124,9 @@ def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) 
 
     :func:`speedup_bound` takes one worker for one core; it is more (1.18 cores here: the
     lake's writers, the flush behind and PostgreSQL run beside its steps), so this bound is the
-    tighter one.
+    tighter one. Both hold only as far as the host gives during the backfills what it gave the
+    ceiling's loop just before: on a shared host whose neighbours come and go, a turn can beat
+    its bound (1.372 against 1.200 in one turn of 2026-12-05, the ceiling read at 1.572).
 
     Example:
         >>> work_bound(7.6, 2.1, 8.6, 1.953)  # 7.6 s against 2.1 + 6.5 / 1.953 = 5.43 s
