@@ -16,6 +16,7 @@ run that test first.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -232,8 +233,7 @@ def remember_tables(instance: dg.DagsterInstance) -> None:
     storage = instance.event_log_storage
     if hasattr(storage, "has_table") and not hasattr(storage.has_table, "cache_info"):
         storage.has_table = functools.cache(storage.has_table)  # type: ignore[method-assign]
-    for name in ("has_asset_key_col", "has_default_pool_limit_col"):
-        _remember_yes(storage, name)
+    _remember_yes(storage, "has_asset_key_col")
     _remember_yes(storage, "_has_asset_key_col_on_connection", skip=1)  # (conn, column): by column
     for name in ("has_run_stats_index_cols", "has_backfill_id_column", "has_bulk_actions_selector_cols",
                  "has_bulk_action_job_name_column"):
@@ -241,9 +241,15 @@ def remember_tables(instance: dg.DagsterInstance) -> None:
 
 
 def _remember_yes(obj: object, name: str, *, skip: int = 0) -> None:
-    """Keep ``obj.name``'s True answers per arguments (after the first ``skip``, a connection)."""
-    method = getattr(obj, name, None)
-    if method is None or getattr(method, "stormlake_remembered", False):
+    """Keep ``obj.name``'s True answers per arguments (after the first ``skip``, a connection).
+
+    Only a plain method is wrapped: a property (Dagster caches some checks itself that way) or a
+    missing name is left as it is.
+    """
+    if not inspect.isfunction(inspect.getattr_static(type(obj), name, None)):
+        return
+    method = getattr(obj, name)
+    if getattr(method, "stormlake_remembered", False):
         return
     yes: set[tuple] = set()
 

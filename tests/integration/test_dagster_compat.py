@@ -389,6 +389,36 @@ def test_remember_tables_answers_has_table_without_a_query(instance: dg.DagsterI
     assert storage.has_table.cache_info().hits == 1
 
 
+def test_remember_yes_wraps_plain_methods_only_and_keeps_only_their_yes() -> None:
+    import functools
+
+    class Storage:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        @property
+        def kept_by_dagster(self) -> bool:
+            return False
+
+        @functools.cached_property
+        def cached_by_dagster(self) -> bool:
+            return False
+
+        def has_col(self, conn: object, column: str) -> bool:
+            self.asked.append(column)
+            return column == "there"
+
+    storage = Storage()
+    for name in ("kept_by_dagster", "cached_by_dagster", "has_col", "no_such_method"):
+        compat._remember_yes(storage, name, skip=1 if name == "has_col" else 0)  # noqa: SLF001
+    compat._remember_yes(storage, "has_col", skip=1)  # a second call wraps nothing twice  # noqa: SLF001
+    assert storage.kept_by_dagster is False and storage.cached_by_dagster is False
+    answers = [storage.has_col(conn, column) for conn, column in
+               [("c1", "there"), ("c2", "there"), ("c1", "missing"), ("c2", "missing")]]
+    assert answers == [True, True, False, False]
+    assert storage.asked == ["there", "missing", "missing"]  # a yes once, by column; a no each time
+
+
 def test_remember_tables_answers_the_column_checks_without_a_catalog_query(instance: dg.DagsterInstance) -> None:
     """Once a column check said yes, the storages answer it without reading the catalog again: a
     run of a partitioned asset then sends no catalog query, where before it sent several. A
@@ -413,6 +443,8 @@ def test_remember_tables_answers_the_column_checks_without_a_catalog_query(insta
         compat.remember_tables(instance)
         assert events.has_asset_key_col("last_materialization_timestamp") is True
         assert runs.has_run_stats_index_cols() is True and runs.has_backfill_id_column() is True
+        # A check Dagster keeps as a property stays one: its answer, not a function in its place.
+        assert isinstance(events.has_default_pool_limit_col, bool)
         catalog.clear()
         with events.index_connection() as conn:
             assert events._has_asset_key_col_on_connection(conn, "last_materialization_timestamp") is True  # noqa: SLF001
