@@ -122,8 +122,8 @@ def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) 
     (``start_s``, one core) first, then the rest of that work on N cores giving ``ceiling`` times
     one core's.
 
-    :func:`speedup_bound` takes one worker for one core; it is more (1.18 cores here: the
-    lake's writers, the flush behind and PostgreSQL run beside its steps), so this bound is the
+    :func:`speedup_bound` takes one worker for one core; it is more (1.13-1.18 cores on this
+    host on 2026-12-05: the lake's writers, the flush behind and PostgreSQL run beside its steps), so this bound is the
     tighter one. Both hold only as far as the host gives during the backfills what it gave the
     ceiling's loop just before: on a shared host whose neighbours come and go, a turn can beat
     its bound (1.372 against 1.200 in one turn of 2026-12-05, the ceiling read at 1.572).
@@ -215,7 +215,7 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
     root.mkdir(parents=True)
     landing, keys = _generate(root, settings, partitions, rows, args.seed)
     ceilings: list[dict[str, float]] = []
-    cores: list[dict[str, dict[str, float]]] = []  # per turn, what the cores did during each backfill
+    cores: list[dict[str, Any]] = []  # per turn, what the cores did during each backfill, and the work bound
 
     def one_worker(dbs: Databases, r: int) -> float:
         ceilings.append(dict(host_ceiling(workers), start_s=start_seconds()))
