@@ -281,7 +281,8 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
 
     day, region = split_partition_key(args.key)
     when = _a_day(day)
-    if when is None or when < dt.date.fromisoformat(settings.first_day) or region not in {r.region_id for r in load_regions(settings.regions_file)}:
+    known = {r.region_id for r in load_regions(settings.regions_file)}
+    if when is None or when < dt.date.fromisoformat(settings.first_day) or region not in known:
         raise ConfigError(f"release {args.key}: not a partition key (YYYY-MM-DD|region_id of the region file,"
                           f" from STORMLAKE_FIRST_DAY={settings.first_day})")
     if not (args.reason or "").strip():

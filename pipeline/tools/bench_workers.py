@@ -123,10 +123,11 @@ def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) 
     one core's.
 
     :func:`speedup_bound` takes one worker for one core; it is more (1.13-1.18 cores on this
-    host on 2026-12-05: the lake's writers, the flush behind and PostgreSQL run beside its steps), so this bound is the
-    tighter one. Both hold only as far as the host gives during the backfills what it gave the
-    ceiling's loop just before: on a shared host whose neighbours come and go, a turn can beat
-    its bound (1.372 against 1.200 in one turn of 2026-12-05, the ceiling read at 1.572).
+    host on 2026-12-05: the lake's writers, the flush behind and PostgreSQL run beside its
+    steps), so this bound is the tighter one. Both hold only as far as the host gives during the
+    backfills what it gave the ceiling's loop just before: on a shared host whose neighbours come
+    and go, a turn can beat its bound (1.372 against 1.200 in one turn of 2026-12-05, the
+    ceiling read at 1.572).
 
     Example:
         >>> work_bound(7.6, 2.1, 8.6, 1.953)  # 7.6 s against 2.1 + 6.5 / 1.953 = 5.43 s
@@ -247,13 +248,14 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
                        "bound": round(statistics.median(c["bound"] for c in ceilings), 3),
                        "share": round(statistics.median(t["speedup"] / c["speedup"] for t, c in zip(turns, ceilings, strict=True)), 3)}}
     if cores and all(c["one"] and c["many"] for c in cores):
+        idle_beyond_start = []
         for t, c, h in zip(turns, cores, ceilings, strict=True):
             c["bound"] = work_bound(t["one_s"], h["start_s"], c["one"]["busy_s"], h["speedup"])
+            idle_beyond_start.append(c["many"]["idle_s"] - (workers - 1) * h["start_s"])
         result["cores"] = {"turns": cores,
                            "work": round(statistics.median(c["many"]["busy_s"] / c["one"]["busy_s"] for c in cores), 3),
                            "bound": round(statistics.median(c["bound"] for c in cores), 3),
-                           "idle_beyond_start_s": round(statistics.median(
-                               c["many"]["idle_s"] - (workers - 1) * h["start_s"] for c, h in zip(cores, ceilings, strict=True)), 2)}
+                           "idle_beyond_start_s": round(statistics.median(idle_beyond_start), 2)}
     return result
 
 
