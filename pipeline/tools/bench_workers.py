@@ -90,18 +90,31 @@ def host_ceiling(processes: int, steps: int = CEILING_STEPS) -> dict[str, float]
 _START = ("import importlib\nfrom pipeline.launcher import WARM_MODULES\n"
           "for m in WARM_MODULES:\n    importlib.import_module(m)\n"
           "import dagster_postgres\nfrom assets.transforms.present import prepare\nprepare()\n")
+#: The least of it that any backfill process pays: it runs its partitions as Dagster runs
+#: recorded in Dagster's PostgreSQL storage, so it imports both before its first run.
+_FLOOR = "import dagster\nimport dagster_postgres\n"
+
+
+def _import_seconds(code: str, what: str) -> float:
+    from pipeline.launcher import PROJECT_ROOT
+
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise StormlakeError(f"bench --workers: importing {what} failed: {done.stderr.strip()[-300:]}")
+    return round(time.perf_counter() - t, 2)
 
 
 def start_seconds() -> float:
     """Wall seconds of a new process importing and making what a backfill's workers are forked with:
     the part of every backfill, with one worker or several, that runs on one core."""
-    from pipeline.launcher import PROJECT_ROOT
+    return _import_seconds(_START, "the backfill's modules")
 
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _START], cwd=PROJECT_ROOT, capture_output=True, text=True)
-    if done.returncode:
-        raise StormlakeError(f"bench --workers: importing the backfill's modules failed: {done.stderr.strip()[-300:]}")
-    return round(time.perf_counter() - t, 2)
+
+def floor_seconds() -> float:
+    """Wall seconds of a new process importing Dagster and its PostgreSQL storage, nothing else:
+    the least of :func:`start_seconds` that no backfill can do without (:func:`floor_bound`)."""
+    return _import_seconds(_FLOOR, "Dagster and its PostgreSQL storage")
 
 
 def speedup_bound(one_s: float, start_s: float, ceiling: float) -> float:
@@ -136,6 +149,26 @@ def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) 
         True
     """
     return round(one_s / (start_s + max(0.0, one_busy_s - start_s) / ceiling), 3)
+
+
+def floor_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float, floor_s: float) -> float:
+    """:func:`work_bound` with the start cut to its floor (``floor_s``, :func:`floor_seconds`):
+    the most ``N`` workers could gain over one if every backfill process started as soon as
+    Dagster and its PostgreSQL storage are imported and N workers did no more work than one.
+    The 1-worker backfill would then take ``one_s - start_s + floor_s``, the N workers at
+    least ``floor_s`` and the rest of the 1-worker backfill's work at ``ceiling`` times one core.
+
+    No change to the start (imports made lazily, fewer modules, less made before the fork) can
+    take the workers' speedup above this bound; only less work, or work that one worker leaves
+    to a second core, can.
+
+    Example:
+        >>> floor_bound(7.6, 2.1, 8.6, 1.953, 1.3)  # 6.8 s against 1.3 + 6.5 / 1.953 = 4.63 s
+        1.469
+        >>> floor_bound(7.6, 2.1, 8.6, 1.953, 2.1) == work_bound(7.6, 2.1, 8.6, 1.953)  # the start is its floor
+        True
+    """
+    return round((one_s - start_s + floor_s) / (floor_s + max(0.0, one_busy_s - start_s) / ceiling), 3)
 
 
 def cpu_seconds(stat: Path = Path("/proc/stat")) -> dict[str, float] | None:
@@ -219,10 +252,11 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
     cores: list[dict[str, Any]] = []  # per turn, what the cores did during each backfill, and the work bound
 
     def one_worker(dbs: Databases, r: int) -> float:
-        ceilings.append(dict(host_ceiling(workers), start_s=start_seconds()))
+        ceilings.append(dict(host_ceiling(workers), start_s=start_seconds(), floor_s=floor_seconds()))
         c = ceilings[-1]
         _say(f"host ceiling {r}: {c['one_s']:.1f}s in one process, {c['many_s']:.1f}s in {workers} at once "
-             f"({c['speedup']:.3f}); a backfill's start {c['start_s']:.1f}s")
+             f"({c['speedup']:.3f}); a backfill's start {c['start_s']:.1f}s, of which Dagster and its"
+             f" PostgreSQL storage {c['floor_s']:.1f}s")
         cores.append({"one": {}, "many": {}})
         return timed_backfill(root, f"one-{r}", landing, dbs, "--workers", "1", cpu=cores[-1]["one"])
 
@@ -251,10 +285,13 @@ def measure_workers(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argpars
         idle_beyond_start = []
         for t, c, h in zip(turns, cores, ceilings, strict=True):
             c["bound"] = work_bound(t["one_s"], h["start_s"], c["one"]["busy_s"], h["speedup"])
+            c["floor_bound"] = floor_bound(t["one_s"], h["start_s"], c["one"]["busy_s"], h["speedup"], h["floor_s"])
             idle_beyond_start.append(c["many"]["idle_s"] - (workers - 1) * h["start_s"])
         result["cores"] = {"turns": cores,
                            "work": round(statistics.median(c["many"]["busy_s"] / c["one"]["busy_s"] for c in cores), 3),
                            "bound": round(statistics.median(c["bound"] for c in cores), 3),
+                           "floor_bound": round(statistics.median(c["floor_bound"] for c in cores), 3),
+                           "floor_s": round(statistics.median(h["floor_s"] for h in ceilings), 2),
                            "idle_beyond_start_s": round(statistics.median(idle_beyond_start), 2)}
     return result
 
@@ -296,14 +333,16 @@ def render_workers(result: dict[str, Any]) -> str:
     Where the cores' time was read (Linux), a third table:
 
         >>> result["cores"] = {"turns": [{"one": {"busy_s": 10.0, "idle_s": 8.0, "stolen_s": 0.0},
-        ...                               "many": {"busy_s": 11.0, "idle_s": 3.5, "stolen_s": 0.0}, "bound": 1.25}],
-        ...                    "work": 1.1, "bound": 1.25, "idle_beyond_start_s": 0.5}
+        ...                               "many": {"busy_s": 11.0, "idle_s": 3.5, "stolen_s": 0.0}, "bound": 1.25,
+        ...                               "floor_bound": 1.4}],
+        ...                    "work": 1.1, "bound": 1.25, "floor_bound": 1.4, "floor_s": 1.3, "idle_beyond_start_s": 0.5}
         >>> print(render_workers(result).split("\\n", 7)[7])
         the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included); the most the workers could gain doing no more work than 1
-        turn  1 worker busy    idle  2 workers busy    idle    bound
-        1             10.0s    8.0s           11.0s    3.5s    1.250
+        turn  1 worker busy    idle  2 workers busy    idle    bound at floor
+        1             10.0s    8.0s           11.0s    3.5s    1.250    1.400
         median: 2 workers took 1.100 x the work of 1; their cores sat idle 0.5s beyond 1 x the start, while one core ran it
         with no more work than 1 worker's, shared at the host's ceiling after the start, 2 workers could gain at most 1.250
+        and with the start cut to its floor (1.3s: Dagster and its PostgreSQL storage imported, nothing else), at most 1.400
     """
     c = result["config"]
     text = render_turns(
@@ -325,11 +364,16 @@ def render_workers(result: dict[str, Any]) -> str:
         n = c["workers"]
         lines += ["the machine's cores during each backfill, in seconds of all cores (PostgreSQL's work included);"
                   " the most the workers could gain doing no more work than 1",
-                  f"{'turn':<5} {'1 worker busy':>13} {'idle':>7} {f'{n} workers busy':>15} {'idle':>7} {'bound':>8}"]
+                  f"{'turn':<5} {'1 worker busy':>13} {'idle':>7} {f'{n} workers busy':>15} {'idle':>7} {'bound':>8}"
+                  + (f" {'at floor':>8}" if "floor_bound" in cores else "")]
         lines += [f"{i:<5} {t['one']['busy_s']:>12.1f}s {t['one']['idle_s']:>6.1f}s {t['many']['busy_s']:>14.1f}s"
-                  f" {t['many']['idle_s']:>6.1f}s {t['bound']:>8.3f}" for i, t in enumerate(cores["turns"], 1)]
+                  f" {t['many']['idle_s']:>6.1f}s {t['bound']:>8.3f}"
+                  + (f" {t['floor_bound']:>8.3f}" if "floor_bound" in t else "") for i, t in enumerate(cores["turns"], 1)]
         lines.append(f"median: {n} workers took {cores['work']:.3f} x the work of 1; their cores sat idle"
                      f" {cores['idle_beyond_start_s']:.1f}s beyond {n - 1} x the start, while one core ran it")
         lines.append(f"with no more work than 1 worker's, shared at the host's ceiling after the start, {n} workers"
                      f" could gain at most {cores['bound']:.3f}")
+        if "floor_bound" in cores:
+            lines.append(f"and with the start cut to its floor ({cores['floor_s']:.1f}s: Dagster and its PostgreSQL"
+                         f" storage imported, nothing else), at most {cores['floor_bound']:.3f}")
     return "\n".join(lines)

@@ -192,6 +192,34 @@ def test_the_host_ceiling_times_the_same_loop_in_one_process_and_split_over_seve
         workers.host_ceiling(2, steps=400_000)
 
 
+def test_the_start_s_floor_is_a_part_of_the_start_and_a_failed_import_is_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench --workers`` bounds the speedup with the start cut to its floor: importing Dagster and
+    its PostgreSQL storage. Every module of the floor is one the start imports too (else the
+    floor would not be a part of it), and an import that fails is an error, not a figure."""
+    import subprocess
+    import sys
+
+    import pipeline.tools.bench_workers as workers
+    from pipeline.launcher import PROJECT_ROOT
+
+    def modules(code: str) -> set[str]:
+        listed = code + "import sys\nprint('\\n'.join(sys.modules))\n"
+        done = subprocess.run([sys.executable, "-c", listed], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              check=True)
+        return set(done.stdout.split())
+
+    floor, start = modules(workers._FLOOR), modules(workers._START)
+    assert {"dagster", "dagster_postgres", "sqlalchemy"} <= floor
+    assert floor <= start and "pandas" in start - floor and "deltalake" in start - floor
+    assert workers.floor_seconds() > 0
+    monkeypatch.setattr(workers.sys, "executable", "/bin/false")
+    with pytest.raises(StormlakeError, match="importing Dagster and its PostgreSQL storage failed"):
+        workers.floor_seconds()
+    with pytest.raises(StormlakeError, match="importing the backfill's modules failed"):
+        workers.start_seconds()
+
+
 def test_the_cores_time_during_a_backfill_is_read_from_proc_stat(tmp_path: Path) -> None:
     """``bench --workers`` reads what the machine's cores did while each backfill ran: two readings
     differ by the wall time on every core (busy, idle or stolen), and this process's own work is in
