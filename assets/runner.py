@@ -454,8 +454,8 @@ class PhaseRunner:
         each table is written once for all of them (:meth:`Lake.overwrite_partitions`, one app
         transaction per partition), their writes are recorded in one statement, each partition
         delivers, and their checkpoints commit in one statement (each fenced on its own). A Delta commit costs
-        about the same for one small partition as for eight, and more as a table grows (about
-        50 ms a commit on a table of a year's partitions). A partition that fails is alone in
+        about the same for one small partition as for eight, and more as a table grows
+        (docs/DESIGN.md, "Limits at a year's scale"). A partition that fails is alone in
         failing; a write together that fails leaves each partition to write alone. A lease that
         another run holds is never waited for while this one holds others: such a partition is
         left out of its group and taken on its own once the partitions held are finished. When

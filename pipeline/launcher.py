@@ -8,8 +8,8 @@ neither.
 
 **Why a warm launcher.** Dagster's default launcher asks the code server to start each run in a
 spawned interpreter, which imports Dagster, pandas, pyarrow, deltalake and matplotlib and loads
-the code location before the run's first step: 4-5 s on a 2-core machine, where a small
-partition's four phases take well under a second; a year's backfill from the UI, in runs of
+the code location before the run's first step: several times what a small partition's four
+phases take; a year's backfill from the UI, in runs of
 up to 8 partitions, would pay that start more than 2,000 times. :class:`WarmRunLauncher` keeps one process (the *zygote*) with all of that imported and the code
 location loaded, and forks it for each run; the fork executes the run exactly as Dagster's own
 run worker does (:func:`resources.dagster_compat.execute_launched_run`), so the run's events,
@@ -38,9 +38,8 @@ partitions that landed with some that did not, or the retry of a range whose pha
 some of its partitions (:mod:`pipeline.range_runs`). And a run that the queue would start at
 its next look (nothing waits in it, room under every limit of ``dagster.yaml``'s
 ``concurrency`` section) starts at once instead: the queue daemon looks every second at best,
-and its loop waits in steps of half a second, so each of a backfill's first runs waited 1-1.5 s
-in an empty queue (``stormlake bench --ui``, 20 partitions in four ranges of five, three
-turns each: 10.4-12.4 s before, 9.9-10.4 s after, the CLI taking 7.0-7.9 s).
+and its loop waits in steps of half a second, so each of a backfill's first runs would wait for
+that look in an empty queue.
 """
 
 from __future__ import annotations
@@ -173,7 +172,7 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         (nothing queued, room under the run limits and in the phases' pools), else queue it.
 
         The queue daemon looks every second at best and its loop waits in steps of half a second,
-        so a backfill's first runs waited 1-1.5 s each in an empty queue. The check and the launch
+        so a backfill's first runs would wait for it in an empty queue. The check and the launch
         hold a lock, so the backfill daemon's submitting threads cannot both take the last slot.
         The queue daemon may still launch a run that was queued just before the check, so one run
         more than a limit can start now and then. The webserver and ``dg launch`` queue their runs

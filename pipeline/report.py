@@ -118,7 +118,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
     The grid (one small row a partition) is read once; the headline counts and the per-region
     table are counted from it rather than read again. The reads are independent, so they run on
     :data:`READ_THREADS` threads, each on a connection of the ledger's pool, and the server
-    answers several at once (on a year's ledger they took 1.1 s one after the other). A person's
+    answers several at once (one after the other, they were most of the page's time). A person's
     reads share one logged request of each kind.
     """
     from concurrent.futures import ThreadPoolExecutor

@@ -100,8 +100,8 @@ def add_asset_metadata(context: dg.AssetExecutionContext,
 
     Dagster's method checks each call's partition against the keys of the step's range, which it
     lists again each time (``get_partition_keys_in_range`` of the multi-partitions definition),
-    and copies every entry added before into a new accumulator: about 0.5 ms a call, and a range
-    step of 40 partitions makes 400 (one per table and partition). Here the asset keys and the
+    and copies every entry added before into a new accumulator, so a range step's calls (one per
+    table and partition) grow with the square of its partitions. Here the asset keys and the
     partitions are checked once against the step's, with Dagster's own error for one that is not
     being materialized, and the entries merged into the step's accumulator in one copy (the
     accumulator and its handles are internal). Where those are missing, each entry goes through
@@ -140,9 +140,8 @@ def add_asset_metadata(context: dg.AssetExecutionContext,
 def log_observations(context: dg.AssetExecutionContext, observations: list[dg.AssetObservation]) -> None:
     """Log a step's observations as one batch: one insert for all of them, not one each.
 
-    ``context.log_event`` stores each observation on its own (about 4 ms each here: an insert,
-    its tags, the asset's index row, each in its own transaction), so the ingest step of a key
-    range run of 40 partitions spent 0.17 s observing its landing files. Dagster writes the
+    ``context.log_event`` stores each observation on its own (an insert, its tags, the asset's
+    index row, each in its own transaction), a cost a key range's ingest step pays per partition. Dagster writes the
     asset events of a step's output as one batch when they carry batch metadata (with
     ``DAGSTER_EVENT_BATCH_SIZE`` set, :data:`pipeline.instance.EVENT_BATCH_ENV`), and
     dagster-postgres stores a batch of observations with one insert. ``log_event`` takes no
@@ -216,13 +215,11 @@ def remember_tables(instance: dg.DagsterInstance) -> None:
     """Answer the storages' questions about their own schema from memory after the first look.
 
     dagster-postgres asks ``has_table`` (an inspector query on a fresh connection) for every asset
-    event it stores, to see whether optional tables exist (dagster-io/dagster#34058, #34020). A
-    process writing ten materializations a partition paid about a tenth of a backfill's wall time
-    for it. The storages also read every column of a table from the catalog to see whether an
+    event it stores, to see whether optional tables exist (dagster-io/dagster#34058, #34020): a
+    round trip for every one of a partition's ten materializations. The storages also read every column of a table from the catalog to see whether an
     optional one exists: ``asset_keys`` when storing an asset event or reading asset records (a
     step's inputs' data versions), ``runs`` when creating a run, storing a run event or reading a
-    run's record. Those were 68 of the 598 statements a backfill of the bench's 16 partitions
-    sent in two runs.
+    run's record: a catalog read beside many of the statements a backfill sends.
 
     Tables and columns are only ever added, by ``dagster instance migrate`` or stormlake's own
     storage creation, both before the process starts its runs, so a table's answer once given
@@ -277,7 +274,7 @@ def batch_planned_events(instance: dg.DagsterInstance) -> None:
     types differ, and dagster-postgres inserts only a batch of materializations or of
     observations at once, so it stored each planned event on its own: an insert, a NOTIFY
     (kept only for old readers), and a transaction updating the asset's index row. A key range
-    run of 20 partitions and ten table assets paid that 200 times, about a second
+    run of 20 partitions and ten table assets paid that 200 times
     (dagster-io/dagster has no batch path for planned events in dagster-postgres 0.29).
 
     Here the planned materializations of such a batch are one transaction: one multi-row insert

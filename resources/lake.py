@@ -105,8 +105,8 @@ def table_configuration(log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_
 
     ``delta.logRetentionDuration`` is how long a table's log keeps the commits before its last
     checkpoint (``STORMLAKE_LAKE_LOG_RETENTION_MINUTES``). Every write lists the log folder and
-    reads what it finds, so its cost grows with the log: about 0.13 ms a write more for every
-    commit kept (a year of 50 regions is 18,250 commits a table, seconds a write). Commits older
+    reads what it finds, so its cost grows with every commit kept (a year of 50 regions is 18,250
+    commits a table, which kept whole would make a write cost more than a partition's phase work). Commits older
     than this are removed when delta-rs writes a checkpoint (every 100 commits); a pinned read
     finds its partition's files in the ledger, not in the log (see :meth:`Lake.read_partition`),
     so only an outside reader's time travel is bounded by it.
@@ -341,10 +341,9 @@ class Lake:
         """``table`` at its latest version, to write to. The handle is kept and moved forward
         (``update_incremental`` reads only the commits since the handle's version, other
         processes' included), where a new handle loads the last checkpoint and every commit after
-        it: about 13 ms a write on a table of 60 partitions. On a local lake the handle is
-        moved only when the log holds the commit after its version (one file lookup): an update
-        that finds nothing new still lists the whole log folder, about 2.5 ms on a table of 42
-        versions, and growing with them. A handle whose update fails is dropped for a new one."""
+        it, a cost on every write. On a local lake the handle is moved only when the log holds
+        the commit after its version (one file lookup): an update that finds nothing new still
+        lists the whole log folder, which grows with the versions. A handle whose update fails is dropped for a new one."""
         uri = self.uri(table)
         dt = self._write_handles.get(uri)
         if dt is not None:
@@ -484,8 +483,8 @@ class Lake:
         One predicate overwrite names exactly the partitions written, ``(region_id = … AND day =
         …) OR …``, and carries one app transaction per partition, so each partition is
         recognised later on its own, as if it had been written alone. A Delta commit costs the
-        same for one partition as for eight of a few hundred rows, and on a table of a year's
-        partitions about 50 ms: a range step of small partitions pays it once per table.
+        same for one partition as for eight of a few hundred rows, and more on a table of a year's
+        partitions: a range step of small partitions pays it once per table.
         """
         if len({(w.region_id, w.day) for w in writes}) != len(writes):
             raise LakeError(f"{table}: a partition named twice in one write")
@@ -502,7 +501,7 @@ class Lake:
                 self._write_handles[uri] = dt
             # Only an earlier attempt of a checkpoint (first_seq < seq), or this one in a commit
             # race it may have won (attempt > 0), can have written a partition: a first attempt's
-            # first try skips the lookup (about 3 ms a table in delta-rs 1.6).
+            # first try skips the lookup, which reads the table's log.
             for i, (w, app) in enumerate(zip(writes, apps, strict=True)):
                 done = dt.transaction_version(app) if i not in results and (attempt or w.seq != w.first_seq) else None
                 if done is not None and done >= w.first_seq:
@@ -585,9 +584,8 @@ class Lake:
         Every data file's record count is in its add action (written with the file's statistics),
         so no data is read. On a local lake the rows of each live file are kept per table and
         moved forward by reading only the commits after the version last counted (a commit's
-        JSON, a few hundredths of a millisecond); loading a snapshot at each version instead cost
-        about 7 ms a call on a table of 42 versions, growing with the log, for each of a phase's
-        tables and partitions. An earlier version, a remote lake, or a commit this does not
+        JSON); loading a snapshot at each version instead costs far more, growing with the log,
+        for each of a phase's tables and partitions. An earlier version, a remote lake, or a commit this does not
         follow (an add without statistics, deletion vectors) counts from the snapshot.
         """
         uri = self.uri(table)

@@ -309,7 +309,7 @@ class Ledger:
 
     Durability: receipts, claims and failures commit synchronously (the WAL is flushed before
     the commit returns). Checkpoint completions, recorded calls and skip events commit with
-    ``synchronous_commit = off``, which saves the flush (about 2 ms here). A client crash never loses a committed transaction either
+    ``synchronous_commit = off``, which saves the WAL flush, the largest part of a commit. A client crash never loses a committed transaction either
     way; only a crash of the PostgreSQL server itself can lose the last fraction of a second of
     asynchronous commits, and then only together with everything committed after them (the WAL
     is one sequence, and the next synchronous commit — a receipt, the next claim — flushes all

@@ -190,9 +190,8 @@ class ByContent:
     a kept one's, value for value and in order, gets that result again, as a copy; any other is
     computed. The last :data:`REFERENCE_RESULTS_KEPT` results are kept.
 
-    Comparing a region's few thousand rows takes about 0.1 ms; deriving the feeder and terrain
-    tables from them 3.3 and 2.5 ms (``bench`` at 500 rows, where a partition's compute is about
-    0.1 s), twice a partition.
+    Comparing a region's rows is much cheaper than deriving the feeder and terrain tables from
+    them, which a small partition would otherwise do twice, a noticeable share of its compute.
     """
 
     def __init__(self, fn, columns: tuple[str, ...]):  # noqa: ANN001 - Callable[[pd.DataFrame], pd.DataFrame]

@@ -3,9 +3,8 @@
 Both pictures are vector drawings written as text by this module alone: no plotting library, no
 font metrics, no rasteriser. That makes them
 
-- cheap: a map of 500 outages is written in a few milliseconds (drawn and PNG-encoded by
-  matplotlib it took about 90 ms, with a quarter of a second per region for its template), which
-  is most of a small partition's fixed cost;
+- cheap: a map is written as text, where drawing and PNG-encoding it with matplotlib (and a
+  template per region) was most of a small partition's fixed cost;
 - byte-deterministic by construction: the bytes depend on the data, the region and the ``h3``
   library's cell outlines, never on a plotting library's version, its fonts or the machine;
 - sharp at any zoom, with text a reader can select and search, and hover titles that name each

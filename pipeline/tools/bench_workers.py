@@ -23,8 +23,8 @@ already keeps more than one core busy.
 
 Each home is a deployment made before the clock starts (:func:`prepare_home`), as a backfill
 finds it in use: Dagster's storage created and the ledger's tables migrated, nothing run. Their
-creation happens once in a deployment's life (``stormlake env`` takes 2.5-3.6 s here, its process
-start included).
+creation happens once in a deployment's life, so timing it would measure a cost no backfill in
+use pays.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from resources.keys import partition_key
 
 TARGET_SPEEDUP = 1.6
 DEFAULTS = {"partitions": 16, "rows_per_partition": 20_000, "seed": 11}
-#: Steps of the host ceiling's loop in all (about 2 s in one process on the benchmark's host).
+#: Steps of the host ceiling's loop in all: long enough that the processes' start is a small part.
 CEILING_STEPS = 10_000_000
 _LOOP = "import sys\nx = 0\nfor i in range(int(sys.argv[1])):\n    x = (x * 31 + i) % 1000003\n"
 
@@ -73,7 +73,7 @@ def _generate(root: Path, settings, partitions: int, rows: int, seed: int) -> tu
 def host_ceiling(processes: int, steps: int = CEILING_STEPS) -> dict[str, float]:
     """How much faster ``processes`` processes at once finish a CPU-bound loop of ``steps`` steps,
     split evenly between them, than one process doing all of it: whole processes (an isolated
-    interpreter each, about 20 ms to start), timed as the backfills are. ``one_s``, ``many_s`` and
+    interpreter each, quick to start), timed as the backfills are. ``one_s``, ``many_s`` and
     their ratio ``speedup``; on an idle machine with a core per process, about ``processes``."""
     def run(n: int) -> float:
         t = time.perf_counter()
@@ -135,12 +135,10 @@ def work_bound(one_s: float, start_s: float, one_busy_s: float, ceiling: float) 
     (``start_s``, one core) first, then the rest of that work on N cores giving ``ceiling`` times
     one core's.
 
-    :func:`speedup_bound` takes one worker for one core; it is more (1.13-1.18 cores on this
-    host on 2026-12-05: the lake's writers, the flush behind and PostgreSQL run beside its
-    steps), so this bound is the tighter one. Both hold only as far as the host gives during the
-    backfills what it gave the ceiling's loop just before: on a shared host whose neighbours come
-    and go, a turn can beat its bound (1.372 against 1.200 in one turn of 2026-12-05, the
-    ceiling read at 1.572).
+    :func:`speedup_bound` takes one worker for one core; it is more (the lake's writers, the
+    flush behind and PostgreSQL run beside its steps), so this bound is the tighter one. Both
+    hold only as far as the host gives during the backfills what it gave the ceiling's loop just
+    before: on a shared host whose neighbours come and go, a turn can beat its bound.
 
     Example:
         >>> work_bound(7.6, 2.1, 8.6, 1.953)  # 7.6 s against 2.1 + 6.5 / 1.953 = 5.43 s
