@@ -694,3 +694,35 @@ def test_the_outbox_sensor_continues_neighbours_stopped_after_ingest_in_one_rang
     status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
     assert {k: status[k]["tier"] for k in pair} == dict.fromkeys(pair, 4)
     assert all(status[k]["phases"]["ingest"]["attempts"] == 1 for k in pair), status  # not run again
+
+
+@pytest.fixture
+def worker_dies_after_ingest(sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The run workers of the Dagster started after this die, as a SIGKILL leaves them, right after
+    ingest's checkpoint of one partition is committed."""
+    monkeypatch.setenv("STORMLAKE_FAULTS", f"ingest.after_checkpoint@{KEYS[0]}=exit")
+    return KEYS[0]
+
+
+def test_a_partition_whose_run_died_between_phases_is_continued_without_anyone(
+        worker_dies_after_ingest: str, dagster_dev: Dagster) -> None:
+    """A run of one partition dies after ingest. Nobody touches anything: run monitoring finds its
+    worker gone and fails the run, and the outbox sensor, running by default, continues the
+    partition after ingest. Run retries are off for the run (its tag), so the continuation is
+    the sensor's; ingest is not computed again."""
+    d = dagster_dev
+    key = worker_dies_after_ingest
+    location, repo = _location(d)
+    tags = {"dagster/partition": key, "dagster/max_retries": "0", "stormlake/launched_by": "e2e_dies_after_ingest"}
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": repo, "jobName": "storm_job"},
+              "runConfigData": {}, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
+    res = d.gql(LAUNCH_RUN, {"params": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    (dead,) = _wait_runs_tagged(d, "stormlake/launched_by", "e2e_dies_after_ingest", 1)
+    assert dead["status"] == "FAILURE", (dead, d.tail())
+    (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)
+    assert run["status"] == "SUCCESS", d.tail()
+    assert _run_keys(run) == [key] and _tag(run, "stormlake/resume_after") == "ingest", run["tags"]
+    status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
+    assert status[key]["tier"] == 4, status[key]
+    assert status[key]["phases"]["ingest"]["attempts"] == 1, status[key]
