@@ -4,14 +4,25 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+PIP_VERSION := 26.3
 
-.PHONY: demo test test-all e2e lint bench ui clean browser
+.PHONY: demo test test-all e2e lint bench ui clean browser lock
 
-$(STAMP): pyproject.toml
+# The environment is requirements.lock, exactly (every package pinned, every file's hash checked),
+# then the project itself without dependencies: a new checkout gets the set the tests ran on.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# Writes requirements.lock again from pyproject.toml's pins (the project and its dev extra), for
+# every platform, with hashes. Versions already in the lock stay unless a pin moves them;
+# `make lock UPGRADE=1` takes the newest release of every package that is not pinned.
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --generate-hashes --python-version 3.11 \
+		--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade) -o requirements.lock
 
 demo: $(STAMP)
 	$(BIN)/stormlake demo

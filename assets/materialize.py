@@ -49,7 +49,11 @@ from resources.settings import load_settings
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
-TABLE_KINDS = {"deltalake", "postgres"}  # the kind tags of a table asset in the catalog
+# What the catalog shows of a table: a Delta table computed with pandas. The ledger on PostgreSQL
+# holds checkpoints about the tables, not the tables, so it is not a kind of theirs.
+TABLE_KINDS = {"deltalake", "pandas"}
+# Who answers for every table of the pipeline: a team, or a person's email address.
+OWNERS = ["team:stormlake"]
 
 
 def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) -> dg.AssetSpec:
@@ -67,6 +71,7 @@ def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) ->
         group_name=phase.name,
         code_version=f"{phase.code_version}.s{phase.schema_version}",
         kinds=kinds,
+        owners=OWNERS,
         tags={"stormlake/phase": phase.name},
         metadata={
             "phase": dg.MetadataValue.text(phase.name),

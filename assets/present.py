@@ -10,7 +10,7 @@ from dagster import AssetExecutionContext
 
 from assets.checks import Check
 from assets.context import PhaseContext, PhaseOutput
-from assets.materialize import asset_options, materialize_phase
+from assets.materialize import TABLE_KINDS, asset_options, materialize_phase
 from assets.phases import PRESENT
 from assets.quality import Measures, Quality, grade_signal
 from assets.schemas import REGION_DAY_SUMMARY
@@ -93,7 +93,7 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
     yield Check("report_picture", pictures >= 1, f"report has {pictures} pictures")
 
 
-@dg.multi_asset(**asset_options(PRESENT, kinds={"deltalake", "postgres", "html"}))
+@dg.multi_asset(**asset_options(PRESENT, kinds={*TABLE_KINDS, "html"}))
 def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                         landing: LandingResource, publisher: PublisherResource):
     """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""

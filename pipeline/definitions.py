@@ -12,10 +12,11 @@ the location holds the observable source asset ``landing_files`` (group ``landin
 ``assets/landing_files.py``), the input of ingest's tables, and the ``observe_landing`` job that
 observes it.
 
-The schedules and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
-registered STOPPED: nothing launches on its own until an operator turns it on in the UI
+The schedules and the landing sensor (``pipeline.schedules``, ``pipeline.sensors``) are
+registered STOPPED: no new work launches on its own until an operator turns it on in the UI
 (Automation) or with ``dagster schedule start <name>`` / ``dagster sensor start <name>`` in the
-project folder.
+project folder. The outbox sensor is registered RUNNING: it only continues partitions whose run
+stopped between phases.
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ from resources.settings import Settings
 MAX_CONCURRENT_RUNS = 4
 DEQUEUE_INTERVAL_S = 1
 BACKFILL_INTERVAL_S = 2
+#: How often run monitoring looks for runs whose worker died (Dagster's default: 120 s); with the
+#: outbox sensor's interval it bounds how long a partition stopped by a dead run waits.
+RUN_MONITORING_POLL_S = 30
 POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +112,7 @@ run_retries:
   retry_on_asset_or_op_failure: false
 run_monitoring:
   enabled: true
+  poll_interval_seconds: {RUN_MONITORING_POLL_S}
   start_timeout_seconds: 180
   max_resume_run_attempts: 0
 telemetry:

@@ -21,7 +21,9 @@
     shows the partition of ingest stale at once, whether or not a run follows.
 
 ``outbox_sensor``
-    Reads the ledger's ``checkpoint_events`` in event-id order (the cursor), logs progress and
+    Reads the ledger's ``checkpoint_events`` in commit order (the cursor is a position (txid,
+    event id), :meth:`Ledger.events_since`: only events of transactions older than every one still
+    running, so an event committed late behind a higher id is read, never skipped), logs progress and
     failures, and continues partitions that stopped between phases: when a partition's latest
     event is a COMPLETED phase other than present, the run that produced it is over (or unknown
     to this instance), and the next phase is not already COMPLETED on that result, it requests
@@ -37,9 +39,13 @@
     from, which Dagster has stored, less any event still pending in it. ``stormlake prune`` never deletes an event after that position, so
     a cursor that was not stored (a tick that died) is read again from events that still exist.
 
-Both are STOPPED by default (turn them on in the UI under Automation, or with
-``dagster sensor start landing_sensor`` in the project folder): a fresh install should not launch
-runs until an operator says so.
+``landing_sensor`` is STOPPED by default (turn it on in the UI under Automation, or with
+``dagster sensor start landing_sensor`` in the project folder): a fresh install should not start
+new work until an operator says so. ``outbox_sensor`` is RUNNING by default: it only finishes
+work already started, so a partition whose run died between phases continues without a person
+once the daemon runs. Run monitoring marks such a run failed within its poll interval
+(:data:`pipeline.instance.RUN_MONITORING_POLL_S`), and the sensor's next tick, at most
+:data:`SENSOR_INTERVAL_S` later, requests the phases after the last completed one.
 """
 
 from __future__ import annotations
@@ -180,16 +186,23 @@ class Pending:
     phase: str
     run_id: str | None
     state_hash: str | None
+    txid: int = 0
 
     @classmethod
     def of(cls, ev: Event) -> Pending:
-        return cls(ev.event_id, ev.partition_key, ev.phase, ev.run_id, (ev.detail or {}).get("state_hash"))
+        return cls(ev.event_id, ev.partition_key, ev.phase, ev.run_id, (ev.detail or {}).get("state_hash"), ev.txid)
 
 
 @dataclass
 class OutboxCursor:
-    after: int = 0  # last event id read
+    """How far the outbox has read, as a position in commit order: (``after_txid``, ``after``), the
+    writing transaction's id and the event id of the last event read (:meth:`Ledger.events_since`).
+    A cursor stored before the ledger kept transaction ids has no ``after_txid``: 0, the txid of
+    every event written before then, so it reads on from the same event."""
+
+    after: int = 0  # event id of the last event read
     pending: dict[str, Pending] | None = None  # partition key -> its latest undecided COMPLETED event
+    after_txid: int = 0  # transaction id of the last event read
 
     @classmethod
     def parse(cls, raw: str | None) -> OutboxCursor:
@@ -197,14 +210,19 @@ class OutboxCursor:
             return cls(0, {})
         data = json.loads(raw)
         pending = {k: Pending(**v) for k, v in (data.get("pending") or {}).items()}
-        return cls(int(data.get("after", 0)), pending)
+        return cls(int(data.get("after", 0)), pending, int(data.get("after_txid", 0)))
 
-    def read_up_to(self) -> int:
-        """Every event up to this id was read and decided; a pending one is still to be looked at."""
-        return min([self.after, *(p.event_id - 1 for p in (self.pending or {}).values())])
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.after_txid, self.after)
+
+    def read_up_to(self) -> tuple[int, int]:
+        """Every event up to this position was read and decided; a pending one is still to be looked at."""
+        return min([self.position, *((p.txid, p.event_id - 1) for p in (self.pending or {}).values())])
 
     def dump(self) -> str:
-        return json.dumps({"after": self.after, "pending": {k: asdict(v) for k, v in sorted((self.pending or {}).items())}},
+        return json.dumps({"after": self.after, "after_txid": self.after_txid,
+                           "pending": {k: asdict(v) for k, v in sorted((self.pending or {}).items())}},
                           sort_keys=True, separators=(",", ":"))
 
 
@@ -261,7 +279,7 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
     ledger first, so that pruning keeps every event this tick and the next ones may read.
     """
     ledger.record_reader(OUTBOX_READER, cursor.read_up_to())
-    events = ledger.events_since(cursor.after, limit=batch)
+    events = ledger.events_since(cursor.position, limit=batch)
     lines: list[str] = []
     candidates: dict[str, Pending] = dict(cursor.pending or {})
     if events:
@@ -286,9 +304,9 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
     if held:
         lines.append(f"held for review (noisy; stormlake review): {', '.join(held[:20])}"
                      + (" …" if len(held) > 20 else ""))
-    after = events[-1].event_id if events else cursor.after
+    after_txid, after = events[-1].position if events else cursor.position
     if not candidates:
-        return OutboxDecision(OutboxCursor(after, {}), [], lines)
+        return OutboxDecision(OutboxCursor(after, {}, after_txid), [], lines)
 
     keys = sorted(candidates)
     latest = LedgerViews(ledger).last_event_ids(keys)
@@ -314,17 +332,17 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         keys_of = (f"{r.tags[RANGE_START_TAG]}..{r.tags[RANGE_END_TAG]}" if RANGE_START_TAG in r.tags
                    else str(r.partition_key))
         lines.append(f"run {r.run_key} for {keys_of}: {', '.join(k.to_user_string() for k in r.asset_selection or [])}")
-    return OutboxDecision(OutboxCursor(after, pending), requests, lines)
+    return OutboxDecision(OutboxCursor(after, pending, after_txid), requests, lines)
 
 
 @dg.sensor(
     name="outbox_sensor",
     job=storm_job,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Reads the ledger's checkpoint events, reports progress and failures, and continues a "
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Reads the ledger's checkpoint events in commit order, reports progress and failures, and continues a "
                 "partition that stopped between phases, neighbours together in key ranges (run key outbox:<event ids>). "
-                "Stopped by default.",
+                "Running by default: it only finishes work already started.",
 )
 def outbox_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     decision = evaluate_outbox(ledger.get(), context.instance, OutboxCursor.parse(context.cursor))

@@ -168,15 +168,23 @@ class Event:
     run_id: str | None
     detail: dict[str, Any]
     at: Any
+    txid: int = 0  # the writing transaction's id (0 before migration 010): (txid, event_id) is commit order
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where this event stands in the order readers read in: (txid, event_id)."""
+        return (self.txid, self.event_id)
 
 
 @dataclass(frozen=True)
 class EventReader:
-    """A reader of the checkpoint events (the outbox sensor) and how far it has read."""
+    """A reader of the checkpoint events (the outbox sensor) and how far it has read: every event
+    at or before the position (after_txid, after_event_id) in commit order."""
 
     name: str
     after_event_id: int
     updated_at: Any
+    after_txid: int = 0
 
 
 @dataclass(frozen=True)
@@ -1255,18 +1263,28 @@ class Ledger:
         return self._run(q, what="read receipts", single=True)
 
     # ---- events, status, pruning ------------------------------------------------------
-    def events_since(self, after_event_id: int, *, limit: int = 500) -> list[Event]:
+    _EVENT_COLUMNS = ("event_id, checkpoint_id, partition_key, region_id, day, phase, status, input_hash, seq,"
+                      " attempt, tier, run_id, detail, at, txid::text::bigint AS txid")
+
+    def events_since(self, after: tuple[int, int], *, limit: int = 500) -> list[Event]:
+        """The events after position ``after`` = (txid, event_id), in commit order (migration 010):
+        only those of transactions older than every one still running, so that an event committed
+        late can never land behind a position already read."""
+
         def q(conn: psycopg.Connection) -> list[Event]:
             with conn.cursor(row_factory=class_row(Event)) as cur:
                 return cur.execute(
-                    "SELECT * FROM checkpoint_events WHERE event_id > %s ORDER BY event_id LIMIT %s",
-                    (after_event_id, limit),
+                    f"SELECT {self._EVENT_COLUMNS} FROM checkpoint_events"
+                    " WHERE (txid, event_id) > (%s::text::xid8, %s) AND txid < pg_snapshot_xmin(pg_current_snapshot())"
+                    " ORDER BY txid, event_id LIMIT %s",
+                    (int(after[0]), int(after[1]), limit),
                 ).fetchall()
 
         return self._run(q, what="read checkpoint events", single=True)
 
-    def record_reader(self, name: str, after_event_id: int) -> None:
-        """Record that reader ``name`` has read every checkpoint event up to ``after_event_id``.
+    def record_reader(self, name: str, after: tuple[int, int]) -> None:
+        """Record that reader ``name`` has read every checkpoint event up to position ``after``
+        = (txid, event_id), in the order of :meth:`events_since`.
 
         Written only when the position moved (backwards too: a reader whose cursor was reset
         reads again from there). :meth:`prune` keeps every event after the lowest position.
@@ -1275,10 +1293,12 @@ class Ledger:
         """
         self._run(
             lambda c: c.execute(
-                "INSERT INTO event_readers (name, after_event_id) VALUES (%s, %s)"
-                " ON CONFLICT (name) DO UPDATE SET after_event_id = EXCLUDED.after_event_id, updated_at = now()"
-                " WHERE event_readers.after_event_id IS DISTINCT FROM EXCLUDED.after_event_id",
-                (name, int(after_event_id)),
+                "INSERT INTO event_readers (name, after_txid, after_event_id) VALUES (%s, %s::text::xid8, %s)"
+                " ON CONFLICT (name) DO UPDATE SET after_txid = EXCLUDED.after_txid,"
+                " after_event_id = EXCLUDED.after_event_id, updated_at = now()"
+                " WHERE (event_readers.after_txid, event_readers.after_event_id)"
+                " IS DISTINCT FROM (EXCLUDED.after_txid, EXCLUDED.after_event_id)",
+                (name, int(after[0]), int(after[1])),
             ),
             what=f"record how far {name} read the checkpoint events",
             single=True,
@@ -1287,13 +1307,14 @@ class Ledger:
     def event_readers(self) -> list[EventReader]:
         def q(conn: psycopg.Connection) -> list[EventReader]:
             with conn.cursor(row_factory=class_row(EventReader)) as cur:
-                return cur.execute("SELECT name, after_event_id, updated_at FROM event_readers ORDER BY name").fetchall()
+                return cur.execute("SELECT name, after_event_id, updated_at, after_txid::text::bigint AS after_txid"
+                                   " FROM event_readers ORDER BY name").fetchall()
 
         return self._run(q, what="read the event readers", single=True)
 
     _PRUNE_EVENTS_SQL = (
         "WITH old AS ("
-        " SELECT e.event_id, coalesce(e.event_id <= %(upto)s, false) AS read,"
+        " SELECT e.event_id, coalesce((e.txid, e.event_id) <= (%(upto_txid)s::text::xid8, %(upto)s), false) AS read,"
         "  EXISTS (SELECT 1 FROM checkpoints c WHERE c.id = e.checkpoint_id AND c.superseded_at IS NULL) AS current"
         " FROM checkpoint_events e WHERE e.at < now() - %(cutoff)s::interval"
         "), del AS ("
@@ -1320,11 +1341,14 @@ class Ledger:
             cutoff = f"{int(older_than_days)} days"
             with conn.cursor(row_factory=class_row(EventReader)) as cur:
                 readers = cur.execute(
-                    "SELECT name, after_event_id, updated_at FROM event_readers ORDER BY after_event_id, name"
+                    "SELECT name, after_event_id, updated_at, after_txid::text::bigint AS after_txid"
+                    " FROM event_readers ORDER BY after_txid, after_event_id, name"
                 ).fetchall()
-            upto = readers[0].after_event_id if readers else None
+            upto = readers[0] if readers else None
             deleted, kept_current, kept_unread = conn.execute(
-                self._PRUNE_EVENTS_SQL, {"upto": upto, "cutoff": cutoff}  # type: ignore[arg-type]
+                self._PRUNE_EVENTS_SQL,
+                {"upto": None if upto is None else upto.after_event_id,  # type: ignore[arg-type]
+                 "upto_txid": None if upto is None else upto.after_txid, "cutoff": cutoff}
             ).fetchone()
             cp = conn.execute(
                 "DELETE FROM checkpoints WHERE superseded_at IS NOT NULL AND superseded_at < now() - %s::interval"

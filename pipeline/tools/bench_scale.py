@@ -152,18 +152,21 @@ def _median_of(fn, repeats: int = REPEATS) -> tuple[float, list[float]]:  # noqa
 def sensor_tick_seconds(ledger_dsn: str, scratch: Path) -> float:
     """One outbox tick over the ledger's last 500 events (a busy minute's worth), in this process."""
     import dagster as dg
+    import psycopg
 
     from pipeline.sensors import OUTBOX_BATCH, OutboxCursor, evaluate_outbox
     from resources.ledger import Ledger
-    from resources.ledger_views import LedgerViews
 
     ledger = Ledger(ledger_dsn)
     try:
-        last = LedgerViews(ledger).last_event_id()
+        with psycopg.connect(ledger_dsn) as conn:  # the position before the last batch, in the outbox's order
+            row = conn.execute("SELECT txid::text::bigint, event_id FROM checkpoint_events"
+                               " ORDER BY txid DESC, event_id DESC OFFSET %s LIMIT 1", (OUTBOX_BATCH,)).fetchone()
+        txid, event_id = row if row else (0, 0)
         scratch.mkdir(parents=True, exist_ok=True)
         with dg.DagsterInstance.local_temp(tempdir=str(scratch)) as instance:
             t = time.perf_counter()
-            evaluate_outbox(ledger, instance, OutboxCursor(max(0, int(last) - OUTBOX_BATCH), {}))
+            evaluate_outbox(ledger, instance, OutboxCursor(int(event_id), {}, int(txid)))
             return time.perf_counter() - t
     finally:
         ledger.close()

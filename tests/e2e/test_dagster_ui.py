@@ -334,24 +334,27 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     assert _delta_versions() == versions_before
     assert all(p["tier"] == 4 for p in _status(d.env)["partitions"])
 
-    # 3. Real daemon ticks of both sensors, turned on as the UI's toggle does.
-    #    landing_sensor: its cursor is empty, so all four folders are new to it; the ledger's
-    #    preflight says every phase of them is done for these files, so the tick records their
-    #    fingerprints in its cursor and launches nothing.
-    #    outbox_sensor: reads every checkpoint event; each partition's latest event is a skip or
-    #    the present phase's completion, so nothing is continued, and its cursor is the last event.
+    # 3. Real daemon ticks of both sensors.
+    #    landing_sensor, turned on as the UI's toggle does: its cursor is empty, so all four
+    #    folders are new to it; the ledger's preflight says every phase of them is done for these
+    #    files, so the tick records their fingerprints in its cursor and launches nothing.
+    #    outbox_sensor, running by default since the daemon started: a tick after the backfills
+    #    reads every checkpoint event; each partition's latest event is a skip or the present
+    #    phase's completion, so nothing is continued, and its cursor is the last event.
     selectors = {name: {"repositoryName": repo, "repositoryLocationName": location, "sensorName": name}
                  for name in ("landing_sensor", "outbox_sensor")}
-    started: dict[str, dict[str, Any]] = {}
+    from resources.ledger import get_ledger
+
+    last_event = query(get_ledger(os.environ["STORMLAKE_PG_DSN"]),
+                       "SELECT max(event_id) AS m FROM checkpoint_events")[0]["m"]
+    started = d.gql(START_SENSOR, {"s": selectors["landing_sensor"]})["startSensor"]
+    assert started["__typename"] == "Sensor", started
     try:
-        for name, sel in selectors.items():
-            started[name] = d.gql(START_SENSOR, {"s": sel})["startSensor"]
-            assert started[name]["__typename"] == "Sensor", started[name]
-        ticks = {name: _first_tick(d, sel) for name, sel in selectors.items()}
+        ticks = {"landing_sensor": _first_tick(d, selectors["landing_sensor"]),
+                 "outbox_sensor": _outbox_tick_after(d, selectors["outbox_sensor"], last_event)}
     finally:
-        for st in started.values():
-            stopped = d.gql(STOP_SENSOR, {"origin": st["jobOriginId"], "selector": st["sensorState"]["selectorId"]})
-            assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
+        stopped = d.gql(STOP_SENSOR, {"origin": started["jobOriginId"], "selector": started["sensorState"]["selectorId"]})
+        assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
 
     tick, state = ticks["landing_sensor"]
     assert tick["status"] == "SKIPPED" and tick["runIds"] == [], tick
@@ -362,7 +365,6 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     assert tick["status"] == "SKIPPED" and tick["runIds"] == [], tick
     assert "nothing to continue" in (tick["skipReason"] or ""), tick
     from pipeline.sensors import OutboxCursor
-    from resources.ledger import get_ledger
 
     cursor = OutboxCursor.parse(state["typeSpecificData"]["lastCursor"])
     assert cursor.pending == {}
@@ -488,6 +490,25 @@ def _first_tick(d: Dagster, selector: dict[str, str]) -> tuple[dict[str, Any], d
         assert d.proc.poll() is None, f"dagster dev died:\n{d.tail()}"
         time.sleep(2)
     raise AssertionError(f"no tick of {selector['sensorName']} recorded:\n{d.tail()}")
+
+
+def _outbox_tick_after(d: Dagster, selector: dict[str, str], event_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The outbox sensor's newest finished tick once its cursor has read past ``event_id``, and
+    its state once that tick's cursor is stored (as in :func:`_first_tick`)."""
+    from pipeline.sensors import OutboxCursor
+
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        sensor = d.gql(SENSOR, {"s": selector})["sensorOrError"]
+        assert sensor["__typename"] == "Sensor", sensor
+        state = sensor["sensorState"]
+        done = [t for t in state["ticks"] if t["status"] in ("SUCCESS", "SKIPPED", "FAILURE")]
+        if (done and done[0]["cursor"] and OutboxCursor.parse(done[0]["cursor"]).after >= event_id
+                and state["typeSpecificData"]["lastCursor"] == done[0]["cursor"]):
+            return done[0], state  # ticks are newest first
+        assert d.proc.poll() is None, f"dagster dev died:\n{d.tail()}"
+        time.sleep(2)
+    raise AssertionError(f"no tick of {selector['sensorName']} read past event {event_id}:\n{d.tail()}")
 
 
 def _chromium() -> str:
@@ -649,9 +670,9 @@ def _wait_runs_tagged(d: Dagster, key: str, value: str, count: int) -> list[dict
 
 def test_the_outbox_sensor_continues_neighbours_stopped_after_ingest_in_one_range_run(dagster_dev: Dagster) -> None:
     """Two neighbouring regions of a day are ingested by a range run that selects ingest's tables
-    only, and stop there. A real daemon tick of the outbox sensor continues them as one key
-    range run (the tables and graders of enrich, correlate and present) through the run queue;
-    both are published and ingest is not run again."""
+    only, and stop there. The outbox sensor, running by default (nobody turns it on), continues
+    them as one key range run (the tables and graders of enrich, correlate and present) through
+    the run queue; both are published and ingest is not run again."""
     from assets.phases import INGEST
 
     d = dagster_dev
@@ -666,21 +687,42 @@ def test_the_outbox_sensor_continues_neighbours_stopped_after_ingest_in_one_rang
     assert res["__typename"] == "LaunchRunSuccess", res
     (ingest_run,) = _wait_runs_tagged(d, "stormlake/launched_by", "e2e_ingest_only", 1)
     assert ingest_run["status"] == "SUCCESS", d.tail()
-    tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in _status(d.env)["partitions"]}
-    assert tiers == dict.fromkeys(pair, 1), tiers  # ingested, nothing after
 
-    selector = {"repositoryName": repo, "repositoryLocationName": location, "sensorName": "outbox_sensor"}
-    started = d.gql(START_SENSOR, {"s": selector})["startSensor"]
-    assert started["__typename"] == "Sensor", started
-    try:
-        tick, _state = _first_tick(d, selector)
-    finally:
-        stopped = d.gql(STOP_SENSOR, {"origin": started["jobOriginId"], "selector": started["sensorState"]["selectorId"]})
-        assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
-    assert tick["status"] == "SUCCESS" and len(tick["runIds"]) == 1, tick  # one run for the pair
-    (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)
+    (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)  # one run for the pair
     assert run["status"] == "SUCCESS", d.tail()
     assert _run_keys(run) == pair and _tag(run, "stormlake/resume_after") == "ingest", run["tags"]
     status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
     assert {k: status[k]["tier"] for k in pair} == dict.fromkeys(pair, 4)
     assert all(status[k]["phases"]["ingest"]["attempts"] == 1 for k in pair), status  # not run again
+
+
+@pytest.fixture
+def worker_dies_after_ingest(sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The run workers of the Dagster started after this die, as a SIGKILL leaves them, right after
+    ingest's checkpoint of one partition is committed."""
+    monkeypatch.setenv("STORMLAKE_FAULTS", f"ingest.after_checkpoint@{KEYS[0]}=exit")
+    return KEYS[0]
+
+
+def test_a_partition_whose_run_died_between_phases_is_continued_without_anyone(
+        worker_dies_after_ingest: str, dagster_dev: Dagster) -> None:
+    """A run of one partition dies after ingest. Nobody touches anything: run monitoring finds its
+    worker gone and fails the run, and the outbox sensor, running by default, continues the
+    partition after ingest. Run retries are off for the run (its tag), so the continuation is
+    the sensor's; ingest is not computed again."""
+    d = dagster_dev
+    key = worker_dies_after_ingest
+    location, repo = _location(d)
+    tags = {"dagster/partition": key, "dagster/max_retries": "0", "stormlake/launched_by": "e2e_dies_after_ingest"}
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": repo, "jobName": "storm_job"},
+              "runConfigData": {}, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
+    res = d.gql(LAUNCH_RUN, {"params": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    (dead,) = _wait_runs_tagged(d, "stormlake/launched_by", "e2e_dies_after_ingest", 1)
+    assert dead["status"] == "FAILURE", (dead, d.tail())
+    (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)
+    assert run["status"] == "SUCCESS", d.tail()
+    assert _run_keys(run) == [key] and _tag(run, "stormlake/resume_after") == "ingest", run["tags"]
+    status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
+    assert status[key]["tier"] == 4, status[key]
+    assert status[key]["phases"]["ingest"]["attempts"] == 1, status[key]

@@ -91,7 +91,7 @@ def test_one_op_writes_every_table_of_a_phase(defs: dg.Definitions, phase) -> No
         assert node.group_name == phase.name
         assert node.code_version == f"{phase.code_version}.s{phase.schema_version}"
         assert node.tags.get("stormlake/phase") == phase.name
-        assert {"deltalake", "postgres"} <= set(node.kinds)
+        assert set(node.kinds) == ({"deltalake", "pandas", "html"} if phase.name == "present" else {"deltalake", "pandas"})
         # Table-level lineage: the tables the phase reads (ingest: the landing files).
         assert {k.to_user_string() for k in node.parent_keys} == (set(phase.input_tables) or {"landing_files"})
         meta = node.metadata
@@ -127,6 +127,20 @@ def test_asset_partitions_code_version_and_grader(defs: dg.Definitions, name: st
     graders = [s for s in specs if s.name == "grader"]
     assert len(graders) == 1, f"{name}: expected one 'grader' check on its phase, got {[s.name for s in specs]}"
     assert graders[0].blocking is True
+
+
+def test_the_catalog_names_what_each_table_is_and_who_owns_it(defs: dg.Definitions) -> None:
+    """Every table is a Delta table computed with pandas, owned by the one owner the project names;
+    PostgreSQL holds the ledger's checkpoints, not a table, and is no table's kind."""
+    from assets.materialize import OWNERS
+
+    graph = defs.resolve_asset_graph()
+    tables = [graph.get(k) for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+    assert sorted(n.key.to_user_string() for n in tables) == sorted(ASSETS)
+    assert OWNERS and all(o.startswith("team:") or "@" in o for o in OWNERS)
+    for node in tables:
+        assert {"deltalake", "pandas"} <= set(node.kinds) and "postgres" not in node.kinds, (node.key, node.kinds)
+        assert list(node.owners) == OWNERS, (node.key, node.owners)
 
 
 def test_tables_depend_on_the_tables_their_phase_reads(defs: dg.Definitions) -> None:

@@ -225,7 +225,10 @@ def test_prune_keeps_every_old_event_until_a_reader_records_its_position(pg_dsn:
         assert sorted(cp.phase + cp.status for cp in ledger.heads()) == ["enrichFAILED", "ingestCOMPLETED"]
 
         # Once the reader says how far it read, the old events it read of history go; a head's stay.
-        ledger.record_reader("outbox_sensor", max(before))
+        (last,) = sql_rows(pg_dsn, "SELECT txid::text::bigint, event_id FROM checkpoint_events"
+                                   " ORDER BY txid DESC, event_id DESC LIMIT 1")
+        assert last[1] == max(before)
+        ledger.record_reader("outbox_sensor", last)
         out = prune(env, "--keep-from", "2026-09-02")
         assert "pruned 0 superseded checkpoints, 2 events" in out, out
         assert set(events(pg_dsn)) == set(before) - {i for i, e in before.items() if e[0] == old_ingest[0][0]}

@@ -326,6 +326,42 @@ def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, s
     assert OutboxCursor.parse(third.cursor).pending == {}
 
 
+def test_outbox_reads_an_event_committed_late_behind_a_higher_id(sl_env: dict[str, str], instance) -> None:
+    """Event ids are handed out at insert, not at commit: a transaction that inserts its event first
+    and commits last holds the lower id. A tick between the two commits must not move past it;
+    the next tick reads it, and both partitions are continued."""
+    _ledger().migrate()
+    with psycopg.connect(os.environ["STORMLAKE_PG_DSN"]) as late:  # open until late.commit()
+        (late_id,) = late.execute(
+            "INSERT INTO checkpoint_events (partition_key, region_id, day, phase, status, input_hash)"
+            " VALUES (%s, 'gulf_coast', '2026-09-01', 'ingest', 'COMPLETED', 'late') RETURNING event_id",
+            (KEY,)).fetchone()
+        assert materialize(OTHER, selection=table_keys(INGEST), instance=instance).success
+        early_id = _completed_event(OTHER, "ingest")
+        assert early_id > late_id  # committed first, with the higher id
+        first = _outbox_tick(instance, None)
+        late.commit()
+    second = _outbox_tick(instance, first.cursor)
+    ticks = (first, second)
+    assert {k for t in ticks for r in t.run_requests for k in requested_keys(r)} == {KEY, OTHER}
+    seen = {int(i) for t in ticks for r in t.run_requests for i in r.run_key.removeprefix("outbox:").split(",")}
+    assert seen == {late_id, early_id}
+    # The late event is behind the cursor now: a third tick reads nothing new.
+    third = _outbox_tick(instance, second.cursor)
+    assert third.run_requests == [] and OutboxCursor.parse(third.cursor).position == OutboxCursor.parse(
+        second.cursor).position
+
+
+def test_outbox_reads_a_cursor_stored_before_the_ledger_kept_transaction_ids(sl_env: dict[str, str],
+                                                                             instance) -> None:
+    """A cursor without ``after_txid`` (stored before migration 010) reads on from its event id:
+    the events written before the migration carry txid 0, every later one comes after them."""
+    assert materialize(KEY, selection=table_keys(INGEST), instance=instance).success
+    old = json.dumps({"after": 0, "pending": {}})
+    (req,) = _outbox_tick(instance, old).run_requests
+    assert req.run_key == f"outbox:{_completed_event(KEY, 'ingest')}"
+
+
 def test_outbox_reports_failures_and_reads_in_batches(sl_env: dict[str, str], instance) -> None:
     result = _materialize_with_failing_enrich_grader(KEY, instance)
     assert not result.success
@@ -419,13 +455,28 @@ def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, s
     assert heads["enrich"].attempt == 2
 
 
-def test_sensors_are_registered_stopped() -> None:
+def test_the_landing_sensor_is_registered_stopped_and_the_outbox_sensor_running() -> None:
+    """New work waits for an operator; work already started is continued without one."""
     from pipeline.definitions import defs
 
-    for name in ("landing_sensor", "outbox_sensor"):
-        sensor = defs.resolve_sensor_def(name)
-        assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
-        assert sensor.job_name == "storm_job"
+    status = {name: defs.resolve_sensor_def(name).default_status for name in ("landing_sensor", "outbox_sensor")}
+    assert status == {"landing_sensor": dg.DefaultSensorStatus.STOPPED, "outbox_sensor": dg.DefaultSensorStatus.RUNNING}
+    assert {defs.resolve_sensor_def(name).job_name for name in status} == {"storm_job"}
+
+
+def test_a_dead_run_is_found_within_the_stated_bound(sl_env: dict[str, str], instance) -> None:
+    """The bound the docs state for a partition stopped by a dead run: run monitoring's poll, then
+    the outbox sensor's interval. Both are what the instance and the sensor are configured with."""
+    import yaml
+
+    from pipeline.instance import RUN_MONITORING_POLL_S
+    from pipeline.sensors import SENSOR_INTERVAL_S
+
+    config = yaml.safe_load((Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml").read_text())
+    assert config["run_monitoring"]["enabled"] is True
+    assert config["run_monitoring"]["poll_interval_seconds"] == RUN_MONITORING_POLL_S
+    assert outbox_sensor.minimum_interval_seconds == SENSOR_INTERVAL_S
+    assert RUN_MONITORING_POLL_S + SENSOR_INTERVAL_S <= 60
 
 
 # ---- the instance ------------------------------------------------------------------------------
