@@ -449,9 +449,11 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--out {out}: is a folder; name the report's file (for example {out / 'report.html'})")
     ledger = _reading_ledger(settings, args.role)
     _say_hidden(ledger, args.role)
-    write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
+    problems = write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
+    for problem in problems:
+        print(f"stormlake: SummaryInvalid: {problem}", file=sys.stderr)
     print(f"wrote {out}")
-    return 0
+    return 1 if problems else 0
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
