@@ -309,15 +309,17 @@ class PhaseRunner:
         """The phase's own head, its summary checked (:func:`read_summary`), as the input hash reads it.
 
         A head whose stored summary does not read stops the phase (:class:`SummaryInvalid`), except
-        in a forced re-run of it, the re-run that replaces it: the head is then read without its
-        summary (every landing file is read again; nothing of it is reused).
+        where the phase computes again whatever the summary says: in a forced re-run of it (the
+        re-run that replaces it), or when the head is of another schema or code version of the
+        phase. The head is then read without its summary (every landing file is read again).
         """
         if head is None:
             return None
         try:
             read_summary(head)
         except SummaryInvalid:
-            if self.force is None or not self.force.covers(phase):
+            forced = self.force is not None and self.force.covers(phase)
+            if not forced and (head.schema_version, head.code_version) == (phase.schema_version, phase.code_version):
                 raise
             return dataclasses.replace(head, summary={})
         return head

@@ -148,7 +148,7 @@ class PresentFigures(_Open):
 class IngestSummary(Summary):
     figures: IngestFigures  # type: ignore[assignment]
     input_files: dict[str, str]  # landing file -> its digest
-    input_stamps: dict[str, str]  # landing file -> the stamp its digest was taken at
+    input_stamps: dict[str, str] = {}  # landing file -> the stamp its digest was taken at (absent in older checkpoints)
 
 
 class EnrichSummary(Summary):

@@ -160,3 +160,21 @@ def test_read_summary_names_partition_phase_seq_and_field(tmp_path: Path) -> Non
         read_summary(Cp())
     assert (err.value.partition_key, err.value.phase, err.value.seq, err.value.field) == (
         KEY, "enrich", 42, "rows.outages_enriched")
+
+
+def test_a_head_of_another_code_version_whose_summary_does_not_read_is_computed_again(sl_env: dict[str, str],
+                                                                                      ledger: Ledger) -> None:
+    r = runner()
+    run_phases(r, [INGEST])
+    with psycopg.connect(sl_env["STORMLAKE_PG_DSN"]) as conn:
+        conn.execute("ALTER TABLE checkpoints DISABLE TRIGGER checkpoints_guard")
+        # What an older code version committed: another input hash, and a summary of another shape.
+        conn.execute("UPDATE checkpoints SET code_version = '0', summary = summary - 'rows', input_hash = 'older',"
+                     " idempotency_key = encode(sha256(convert_to(partition_key || '|' || phase || '|older', 'UTF8')),"
+                     " 'hex') WHERE phase = 'ingest'")
+        conn.execute("ALTER TABLE checkpoints ENABLE TRIGGER checkpoints_guard")
+    outcome = r.run(INGEST, part(r), ingest.compute, ingest.grade)  # the version changed: it computes anyway
+    assert outcome.status == "COMPLETED" and outcome.checkpoint.code_version == INGEST.code_version
+    with pytest.raises(SummaryInvalid):  # the same version's head that does not read stops the phase
+        corrupt(sl_env["STORMLAKE_PG_DSN"], KEY, "ingest", "summary - 'rows'")
+        r.run(INGEST, part(r), ingest.compute, ingest.grade)
