@@ -293,7 +293,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         for line in render_text(rec):
             print(line)
     for problem in rec["problems"]:
-        print(f"stormlake: SummaryInvalid: {problem}", file=sys.stderr)
+        print(f"stormlake: {problem['error']}: {problem['message']}", file=sys.stderr)
     return 1 if rec["problems"] else 0
 
 

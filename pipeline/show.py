@@ -32,6 +32,7 @@ from typing import Any
 
 from assets.phases import BY_NAME, PHASES
 from assets.summaries import detail_problem, invalid_summary, summary_problem
+from resources.errors import EventDetailInvalid
 from resources.ledger import Checkpoint, Event
 from resources.provenance import History
 
@@ -115,13 +116,14 @@ def _why(cp: Checkpoint, before: Checkpoint | None, summary: dict[str, Any] | No
 
 def provenance(h: History) -> dict[str, Any]:
     """The partition's history as one JSON-able record (what every output shows), with its problems."""
-    problems: list[str] = []
+    problems: list[dict[str, str]] = []  # {"error": its class's name, "message": one line}
     events = h.events
     for e in events:
         bad = detail_problem(e.status, e.detail)
         if bad is not None:
-            problems.append(f"{e.phase} of {h.partition_key} (event {e.event_id}, {e.status}, seq {e.seq}): its detail's"
-                            f" field {bad[0]!r} is invalid ({bad[1]}); the event is shown as stored")
+            err = EventDetailInvalid(f"{e.phase} of {h.partition_key} (event {e.event_id}, {e.status}, seq {e.seq}):"
+                                     f" its detail's field {bad[0]!r} is invalid ({bad[1]}); the event is shown as stored")
+            problems.append({"error": type(err).__name__, "message": str(err)})
     calls_of: dict[int, list[dict[str, Any]]] = {}
     for c in h.calls:
         calls_of.setdefault(c.checkpoint_id, []).append({
@@ -139,8 +141,9 @@ def provenance(h: History) -> dict[str, Any]:
             if bad is not None:
                 unread[cp.id] = f"field {bad[0]!r}: {bad[1]}"
                 if cp.superseded_at is None:  # the head is what a run reads: it wants replacing
-                    problems.append(str(invalid_summary(partition_key=cp.partition_key, phase=cp.phase, seq=cp.seq,
-                                                        field=bad[0], problem=bad[1])))
+                    err = invalid_summary(partition_key=cp.partition_key, phase=cp.phase, seq=cp.seq, field=bad[0],
+                                          problem=bad[1])
+                    problems.append({"error": type(err).__name__, "message": str(err)})
             readable.append(cp.summary if cp.status == "COMPLETED" and bad is None else None)
         out = []
         for i, cp in enumerate(cps):
@@ -356,7 +359,7 @@ def render_html(rec: dict[str, Any]) -> str:
     hidden = (f'<p class="note">Read as {html.escape(rec["role"] or "")}, which may not see the'
               f' {html.escape(", ".join(rec["hidden_phases"]))} phase(s): they are left out.</p>'
               if rec["hidden_phases"] else "")
-    problems = "".join(f'<p class="verdict bad">{html.escape(p)}</p>' for p in rec["problems"])
+    problems = "".join(f'<p class="verdict bad">{html.escape(p["message"])}</p>' for p in rec["problems"])
     text = "\n".join(render_text(rec))
     return (
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -18,6 +18,7 @@ and pick the exit code without a traceback::
     ├── GraderError                a phase's output broke its schema or its grader
     ├── SummaryRefused             a summary about to be committed does not match its phase's model
     ├── SummaryInvalid             a stored summary does not match its phase's model (names seq, field)
+    ├── EventDetailInvalid         a stored event's detail does not match its status's model
     └── InjectedFault              raised by the fault-injection hook (tests only)
 """
 
@@ -119,6 +120,10 @@ class SummaryInvalid(StormlakeError):
         self.phase = phase
         self.seq = seq
         self.field = field
+
+
+class EventDetailInvalid(StormlakeError):
+    """A checkpoint event's stored detail does not match the model of its status (assets/summaries.py)."""
 
 
 class InjectedFault(StormlakeError):

@@ -124,6 +124,14 @@ def test_show_gives_every_attempt_delivery_action_and_read_and_obeys_the_read_po
     text = page.read_text()
     assert "<svg" in text and "<rect" in text and "check the report" in text
 
+    with psycopg.connect(pg_dsn) as conn:  # an event whose detail is not of its status's shape
+        (event,) = conn.execute("UPDATE checkpoint_events SET detail = '{\"state\": 1}' WHERE event_id ="
+                                " (SELECT min(event_id) FROM checkpoint_events WHERE status = 'COMPLETED'"
+                                " AND phase = 'present') RETURNING event_id").fetchone()
+    odd = run(env, "show", KEY, "--role", "admin")
+    assert odd.returncode == 1, str(odd)
+    check_one_line_error(odd.stderr, must_mention=("EventDetailInvalid", f"event {event}", "'state_hash'"))
+
     bad = run(env, "show", "not-a-key")
     assert bad.returncode == 2
     check_one_line_error(bad.stderr, must_mention=("not-a-key",))
