@@ -178,3 +178,10 @@ def test_a_head_of_another_code_version_whose_summary_does_not_read_is_computed_
     with pytest.raises(SummaryInvalid):  # the same version's head that does not read stops the phase
         corrupt(sl_env["STORMLAKE_PG_DSN"], KEY, "ingest", "summary - 'rows'")
         r.run(INGEST, part(r), ingest.compute, ingest.grade)
+
+
+def test_a_schema_version_without_a_summary_model_is_refused_with_where_to_declare_it() -> None:
+    from assets.summaries import check_summary
+
+    with pytest.raises(SummaryRefused, match=r"schema version 9 declares no summary model.*assets/summaries.py"):
+        check_summary("correlate", 9, {}, partition_key=KEY)
