@@ -8,6 +8,7 @@ On any error: FAILED with the error, in its own transaction, then re-raise.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -35,8 +36,9 @@ from assets.delivery import deliver
 from assets.hashing import hash_json, table_hash
 from assets.phases import BY_NAME, LAST_READER, PHASES, TABLE_PHASE, Phase
 from assets.quality import HELD_LABEL
+from assets.summaries import check_figures, check_summary, read_summary
 from resources import faults
-from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError
+from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError, SummaryInvalid
 from resources.lake import Lake, PartitionWrite, ProcessThreads, WriteResult, at_once, in_background
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Decision, Ledger
@@ -299,8 +301,28 @@ class PhaseRunner:
                     f" {cp.schema_version}, code version {cp.code_version}; run {name} first"
                     f" (materialize its tables {', '.join(current.tables)} with this partition)"
                 )
+            read_summary(cp)  # what this phase reads of it must be there: SummaryInvalid names the field
             ups[name] = cp
-        return ups, heads.get(phase.name)
+        return ups, self._own_head(phase, heads.get(phase.name))
+
+    def _own_head(self, phase: Phase, head: Checkpoint | None) -> Checkpoint | None:
+        """The phase's own head, its summary checked (:func:`read_summary`), as the input hash reads it.
+
+        A head whose stored summary does not read stops the phase (:class:`SummaryInvalid`), except
+        where the phase computes again whatever the summary says: in a forced re-run of it (the
+        re-run that replaces it), or when the head is of another schema or code version of the
+        phase. The head is then read without its summary (every landing file is read again).
+        """
+        if head is None:
+            return None
+        try:
+            read_summary(head)
+        except SummaryInvalid:
+            forced = self.force is not None and self.force.covers(phase)
+            if not forced and (head.schema_version, head.code_version) == (phase.schema_version, phase.code_version):
+                raise
+            return dataclasses.replace(head, summary={})
+        return head
 
     def input_hash(self, phase: Phase, part: PartitionRef, ups: dict[str, Checkpoint],
                    prior: Checkpoint | None = None) -> tuple[str, dict[str, Any]]:
@@ -371,6 +393,11 @@ class PhaseRunner:
         if cp is None or cp.status != "COMPLETED" or cp.schema_version != phase.schema_version:
             return False
         if any(name not in heads for name in phase.upstream_phases):
+            return False
+        try:  # a summary that does not read is the run's to report, for its partition alone
+            for c in (cp, *(heads[name] for name in phase.upstream_phases)):
+                read_summary(c)
+        except SummaryInvalid:
             return False
         return self.input_hash(phase, part, {name: heads[name] for name in phase.upstream_phases}, prior=cp)[0] == cp.input_hash
 
@@ -936,6 +963,7 @@ class PhaseRunner:
         the grader runs and the step goes on; :attr:`_Prepared.hashes` waits for them)."""
         phase, part = ctx.phase, ctx.partition
         out = compute(ctx)
+        check_figures(phase.name, phase.schema_version, out.figures, partition_key=part.key)  # before any write
         checks = list(schema_checks(phase, out))  # each table conformed to its schema: what is written
         hashing = {t: in_background(partial(table_hash, out.tables[t])) for t in phase.tables if t in out.tables}
         if grader is not None:
@@ -1032,4 +1060,5 @@ class PhaseRunner:
             # Written and committed, delivered to nobody: the partition stays a tier below, held.
             summary["held"] = hold
             tier, label = phase.tier - 1, HELD_LABEL
+        check_summary(phase.name, phase.schema_version, summary, partition_key=part.key)  # before the commit
         return _Finished(state_hash, summary, tier, label, tuple(delivered))

@@ -269,6 +269,34 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    """One partition's history (pipeline/show.py); exit 1 when a stored summary does not read."""
+    import json
+
+    from pipeline.show import provenance, render_html, render_text
+    from resources.keys import split_partition_key
+    from resources.provenance import history
+
+    day, region = split_partition_key(args.key)
+    if _a_day(day) is None or not region:
+        raise ConfigError(f"show {args.key!r}: give a partition key, YYYY-MM-DD|region (as status shows them)")
+    ledger = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, args.role)
+    rec = provenance(history(ledger, args.key))
+    if args.html:
+        Path(args.html).write_text(render_html(rec), encoding="utf-8")
+        print(f"wrote {args.html}")
+    elif args.json:
+        json.dump(rec, sys.stdout, indent=1, default=str)
+        print()
+    else:
+        for line in render_text(rec):
+            print(line)
+    for problem in rec["problems"]:
+        print(f"stormlake: {problem['error']}: {problem['message']}", file=sys.stderr)
+    return 1 if rec["problems"] else 0
+
+
 def _operator() -> str:
     """Who an operator action is recorded as: ``STORMLAKE_OPERATOR``, else the login name."""
     import getpass
@@ -421,9 +449,11 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--out {out}: is a folder; name the report's file (for example {out / 'report.html'})")
     ledger = _reading_ledger(settings, args.role)
     _say_hidden(ledger, args.role)
-    write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
+    problems = write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
+    for problem in problems:
+        print(f"stormlake: SummaryInvalid: {problem}", file=sys.stderr)
     print(f"wrote {out}")
-    return 0
+    return 1 if problems else 0
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
@@ -602,6 +632,12 @@ def _add_views(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--out", default=None)
     _role_arg(r)
     r.set_defaults(fn=cmd_report)
+    sh = sub.add_parser("show", help="one partition's history: every attempt, call, delivery, action and read")
+    sh.add_argument("key", metavar="KEY", help="the partition, YYYY-MM-DD|region")
+    sh.add_argument("--json", action="store_true", help="the history as JSON")
+    sh.add_argument("--html", metavar="PATH", default=None, help="write the history as a page with a timeline")
+    _role_arg(sh)
+    sh.set_defaults(fn=cmd_show)
 
 
 def _role_arg(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ pyplot global state, so it is safe inside a Dagster process or a thread).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import os
@@ -25,6 +26,7 @@ from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
 from pipeline.status import views
+from resources.errors import SummaryInvalid
 from resources.files import write_atomic
 from resources.keys import partition_key
 from resources.ledger import Checkpoint, Ledger
@@ -90,6 +92,9 @@ class ReportData:
     dead_letters: list[Checkpoint]
     dead_letter_after: int
     hidden_phases: list[str]  # phases the reading role may not see (left out of every part of the page)
+    #: One line for each held head whose stored summary does not read (assets/summaries.py): the
+    #: page shows it in place of the batch's details, and `stormlake report` exits 1.
+    summary_problems: list[SummaryInvalid] = dataclasses.field(default_factory=list)
 
     @property
     def last_activity(self) -> dt.datetime | None:
@@ -142,7 +147,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         pending = {name: pool.submit(read, v.sibling()) for name, read in reads.items()}
         grid = pending["grid"].result()
         held_keys = [partition_key(c.day, c.region) for c in grid if c.held]
-        held = v.held(held_keys) if held_keys else []
+        held, problems = _readable(v.held(held_keys) if held_keys else [])
         got = {name: f.result() for name, f in pending.items()}
     total, attention, _ = got["attention"]
     return ReportData(
@@ -164,7 +169,23 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         dead_letters=got["dead_letters"],
         dead_letter_after=dead_letter_after,
         hidden_phases=got["hidden_phases"],
+        summary_problems=problems,
     )
+
+
+def _readable(cps: list[Checkpoint]) -> tuple[list[Checkpoint], list[SummaryInvalid]]:
+    """The checkpoints whose stored summary reads, and a line for each of the others."""
+    from assets.summaries import invalid_summary, summary_problem
+
+    ok, problems = [], []
+    for cp in cps:
+        bad = summary_problem(cp.phase, cp.schema_version, cp.summary)
+        if bad is None:
+            ok.append(cp)
+        else:
+            problems.append(invalid_summary(partition_key=cp.partition_key, phase=cp.phase, seq=cp.seq,
+                                            field=bad[0], problem=bad[1]))
+    return ok, problems
 
 
 def _by_region(grid: list[GridCell]) -> dict[str, list[GridCell]]:
@@ -755,7 +776,13 @@ def _alongside(here: Callable[[], T], aside: list[Callable[[], bytes]]) -> tuple
 
 def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER,
                               role: str | None = None) -> tuple[str, dict[str, bytes]]:
-    """The page and its pictures (name -> PNG bytes), for callers that also want the files.
+    """The page and its pictures (name -> PNG bytes), for callers that also want the files."""
+    page, images, _ = _render(ledger, dead_letter_after=dead_letter_after, role=role)
+    return page, images
+
+
+def _render(ledger: Ledger, *, dead_letter_after: int, role: str | None) -> tuple[str, dict[str, bytes], ReportData]:
+    """The page, its pictures and the data they show.
 
     The ledger's queries run on a thread while this one imports the drawing libraries (about a
     second each for a year's ledger): the server works while Python imports.
@@ -767,27 +794,29 @@ def render_report_with_images(ledger: Ledger, *, dead_letter_after: int = DEFAUL
         import assets.transforms.render  # noqa: F401 - the pictures' libraries, imported meanwhile
         data = reading.result()
     if not data.summary.partitions:
-        return render_page(data, {}, role=role), {}
+        return render_page(data, {}, role=role), {}, data
     phases = drawn_aside(lambda: phases_png(data))  # on the other core while the maps are drawn here
     (heat, *quality), [phases_picture] = _alongside(
         lambda: grid_pngs([heat_map(data), *([quality_map(data)] if data.summary.by_quality else [])]), [phases])
     images = {"heatmap.png": heat, "phases.png": phases_picture}
     if quality:
         images["quality.png"] = quality[0]
-    return render_page(data, images, role=role), images
+    return render_page(data, images, role=role), images, data
 
 
 def write_report(ledger: Ledger, out: Path, *, images_dir: Path | None = None,
-                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER, role: str | None = None) -> None:
-    """Write the report page to ``out`` atomically (temporary file in the same folder, then rename).
+                 dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER, role: str | None = None) -> list[str]:
+    """Write the report page to ``out`` atomically (temporary file in the same folder, then rename);
+    the lines of the stored summaries it could not read (:attr:`ReportData.summary_problems`).
 
     With ``images_dir`` the pictures are also written there as PNG files (the page never needs them).
     """
     out = Path(out)
-    page, images = render_report_with_images(ledger, dead_letter_after=dead_letter_after, role=role)
+    page, images, data = _render(ledger, dead_letter_after=dead_letter_after, role=role)
     write_atomic(out, page, durable=True)
     if images_dir is not None:
         images_dir = Path(images_dir)
         images_dir.mkdir(parents=True, exist_ok=True)
         for name, png in images.items():
             (images_dir / name).write_bytes(png)
+    return [str(p) for p in data.summary_problems]

@@ -16,6 +16,9 @@ and pick the exit code without a traceback::
     │   ├── DeliveryRejected       the consumer answered with a status that is not retried
     │   └── DeliveryExhausted      retries ran out (5xx, 429, timeouts)
     ├── GraderError                a phase's output broke its schema or its grader
+    ├── SummaryRefused             a summary about to be committed does not match its phase's model
+    ├── SummaryInvalid             a stored summary does not match its phase's model (names seq, field)
+    ├── EventDetailInvalid         a stored event's detail does not match its status's model
     └── InjectedFault              raised by the fault-injection hook (tests only)
 """
 
@@ -100,6 +103,27 @@ class DeliveryExhausted(DeliveryError):
 
 class GraderError(StormlakeError):
     """A phase's output failed its schema check or grader; nothing was committed."""
+
+
+class SummaryRefused(StormlakeError):
+    """A phase's summary does not match its declared model (assets/summaries.py); nothing of the
+    partition is committed."""
+
+
+class SummaryInvalid(StormlakeError):
+    """A checkpoint's stored summary does not match its phase's model; the message names the
+    partition, the phase, the checkpoint's seq and the field, and the re-run that replaces it."""
+
+    def __init__(self, message: str, *, partition_key: str, phase: str, seq: int, field: str):
+        super().__init__(message)
+        self.partition_key = partition_key
+        self.phase = phase
+        self.seq = seq
+        self.field = field
+
+
+class EventDetailInvalid(StormlakeError):
+    """A checkpoint event's stored detail does not match the model of its status (assets/summaries.py)."""
 
 
 class InjectedFault(StormlakeError):

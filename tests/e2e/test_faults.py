@@ -7,6 +7,12 @@ group. After the crash the same command is run again until it succeeds; then the
 record, the ledger and the lake are checked against a clean run's (another home and database,
 no faults).
 
+Every crash test has a home and a ledger of its own. The data is small (:func:`fault_landing`):
+what is checked (a resume never starts over, never publishes twice) does not depend on its size,
+and each run costs mostly its fixed start. The fault-point tests' databases are copies of a
+ledger migrated and a Dagster storage made once a module (:func:`fresh_dsn`), what a first run
+makes before its first phase; their kills all come later.
+
 The random kills run on the embedded server of a fresh home, as a user's first backfill does:
 no server is started beforehand, so a kill can land in the server's first start too. Their
 moments are uniform fractions of the measured length of an uninterrupted run (see
@@ -18,13 +24,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
+from resources.pgserver import with_database
 from tests.consumer import (
     PHASE_NAMES,
     Consumer,
@@ -36,9 +48,11 @@ from tests.consumer import (
     completed_count,
     database,
     embedded_root,
+    generated_landing,
     lake_snapshot,
     ledger_dsn,
     make_home,
+    python,
     run,
     run_and_kill,
     run_until_ok,
@@ -89,14 +103,50 @@ def _clean_run(admin_dsn: str | None, landing: Path, root: Path, args: tuple[str
 
 
 @pytest.fixture(scope="module")
-def clean_one(pg_admin_dsn: str, sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
-    return _clean_run(pg_admin_dsn, sample_landing, tmp_path_factory.mktemp("clean_one"), ONE_ARGS, ONE)
+def fault_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The crash tests' scenario: the sample's regions and days, with fewer rows a partition."""
+    return generated_landing(tmp_path_factory.mktemp("fault") / "landing", regions=2, rows_per_partition=600, seed=7)
 
 
 @pytest.fixture(scope="module")
-def clean_all(sample_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
+def template_dsn(pg_admin_dsn: str, fault_landing: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[str]:
+    """A ledger database migrated and its Dagster storage database made (with the phases' pools),
+    by the code a first run uses, once a module: the template of :func:`fresh_dsn`."""
+    with database(pg_admin_dsn, "stormlake_tpl") as dsn:
+        env = make_home(tmp_path_factory.mktemp("template"), fault_landing, dsn)
+        subprocess.run([python(), "-c", "from pipeline.instance import prepare_dagster_home;"
+                        " from resources.ledger import Ledger; from resources.settings import load_settings;"
+                        " _, dsn = prepare_dagster_home(load_settings()); led = Ledger(dsn); led.migrate(); led.close()"],
+                       env=env, check=True, timeout=120)
+        yield dsn
+
+
+@pytest.fixture
+def fresh_dsn(pg_admin_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A crash test's own ledger and Dagster storage, copies of :func:`template_dsn`'s."""
+    template = psycopg.conninfo.conninfo_to_dict(template_dsn)["dbname"]
+    name = f"stormlake_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        for db, source in ((name, template), (f"{name}_dagster", f"{template}_dagster")):
+            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(db), sql.Identifier(source)))
+    try:
+        yield with_database(pg_admin_dsn, name)
+    finally:
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            for db in (name, f"{name}_dagster"):
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+
+
+@pytest.fixture(scope="module")
+def clean_one(pg_admin_dsn: str, fault_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
+    return _clean_run(pg_admin_dsn, fault_landing, tmp_path_factory.mktemp("clean_one"), ONE_ARGS, ONE)
+
+
+@pytest.fixture(scope="module")
+def clean_all(fault_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> Clean:
     """All sample partitions on the embedded server of a fresh home, as the kill loops run them."""
-    return _clean_run(None, sample_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
+    return _clean_run(None, fault_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
 
 
 def completed_events(dsn: str) -> dict[tuple[str, str], int]:
@@ -154,17 +204,15 @@ SLOW_CASES = [
     ("present", "after_delta_commit"),
     ("present", "after_checkpoint"),
 ]
-MATRIX = [pytest.param(ph, pt, id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES] + [
-    pytest.param(ph, pt, id=f"{ph}.{pt}", marks=pytest.mark.slow) for ph, pt in SLOW_CASES
-]
+MATRIX = [pytest.param(ph, pt, id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES + SLOW_CASES]
 
 
 @pytest.mark.parametrize(("phase", "point"), MATRIX)
-def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sample_landing: Path, tmp_path: Path,
-                                         clean_one: Clean) -> None:
+def test_kill_at_fault_point_then_resume(phase: str, point: str, fresh_dsn: str, fault_landing: Path,
+                                         tmp_path: Path, clean_one: Clean) -> None:
     killed_at = PHASE_NAMES.index(phase)
     with Consumer() as consumer:
-        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url)
         killed = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit")
         # os._exit(137) inside the run's step takes the whole CLI process down: no failure is reported
         assert killed.returncode == 137, str(killed)
@@ -190,17 +238,17 @@ def test_kill_at_fault_point_then_resume(phase: str, point: str, pg_dsn: str, sa
         for name in PHASE_NAMES:
             want = 2 if (name == phase and point != "after_checkpoint") else 1
             assert after[name]["attempts"] == want, (name, after[name], [str(r) for r in resumed])
-        events = completed_events(pg_dsn)
+        events = completed_events(fresh_dsn)
         assert events == {(KEY, name): 1 for name in PHASE_NAMES}, f"a phase completed more than once: {events}"
-        check_against_clean(env, pg_dsn, consumer, clean_one, ONE,
+        check_against_clean(env, fresh_dsn, consumer, clean_one, ONE,
                             crashes_in_delivery_window=1 if point == "after_delivery" else 0, final=final)
 
 
-def test_injected_raise_fails_the_run_then_resumes(pg_dsn: str, sample_landing: Path, tmp_path: Path,
+def test_injected_raise_fails_the_run_then_resumes(fresh_dsn: str, fault_landing: Path, tmp_path: Path,
                                                    clean_one: Clean) -> None:
     """The ``raise`` action: a failure, not a crash: exit 1, FAILED recorded with the error, then a resume."""
     with Consumer() as consumer:
-        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url)
         failed = run(env, *ONE_ARGS, faults="correlate.after_delta_commit=raise")
         assert failed.returncode == 1, str(failed)
         check_one_line_error(failed.stderr, must_mention=("injected fault at correlate.after_delta_commit",))
@@ -211,7 +259,7 @@ def test_injected_raise_fails_the_run_then_resumes(pg_dsn: str, sample_landing: 
         assert "InjectedFault" in cp["error"], cp
         assert "present" not in before["phases"], before
         assert consumer.snapshot() == [], "something was delivered although correlate failed"
-        rows = sql_rows(pg_dsn, "SELECT error_class, error_message FROM checkpoints WHERE phase = 'correlate'")
+        rows = sql_rows(fresh_dsn, "SELECT error_class, error_message FROM checkpoints WHERE phase = 'correlate'")
         assert rows == [("InjectedFault", f"injected fault at correlate.after_delta_commit for {KEY}")], rows
 
         run_until_ok(env, *ONE_ARGS)
@@ -223,13 +271,13 @@ def test_injected_raise_fails_the_run_then_resumes(pg_dsn: str, sample_landing: 
         assert after["correlate"]["seq"] > cp["seq"], after
         # The resume ran from correlate on: the finished phases' skips were recorded by the
         # CLI's preflight (no run id), not by ingest or enrich steps of the resumed run.
-        skips = sql_rows(pg_dsn, "SELECT phase, run_id FROM checkpoint_events WHERE status = 'SKIPPED'"
+        skips = sql_rows(fresh_dsn, "SELECT phase, run_id FROM checkpoint_events WHERE status = 'SKIPPED'"
                                  " ORDER BY event_id")
         assert sorted(skips) == [("enrich", None), ("ingest", None)], skips
-        check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=0, final=final)
+        check_against_clean(env, fresh_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=0, final=final)
 
 
-def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Path, tmp_path: Path,
+def test_kill_inside_the_webhook_delivery_window(fresh_dsn: str, fault_landing: Path, tmp_path: Path,
                                                  clean_one: Clean) -> None:
     """A crash after the consumer accepted a POST but before the receipt says so: one repeat, same key.
 
@@ -238,7 +286,7 @@ def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Pa
     DELIVERED to the file target and PENDING for the webhook (the consumer answers 400).
     """
     with Consumer(default=400) as consumer:
-        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
+        env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url)
         first = run(env, *ONE_ARGS)
         assert first.returncode == 1 and "400" in first.stderr, str(first)
         rejected = consumer.snapshot()
@@ -250,7 +298,7 @@ def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Pa
         assert killed.returncode == 137, str(killed)
         posts = consumer.snapshot()
         assert [(p.key, p.answer) for p in posts[1:]] == [(key, 200)], [p.as_dict() for p in posts]
-        receipt = sql_rows(pg_dsn, "SELECT status FROM receipts WHERE artifact_id = %s AND target = 'webhook'", (key,))
+        receipt = sql_rows(fresh_dsn, "SELECT status FROM receipts WHERE artifact_id = %s AND target = 'webhook'", (key,))
         assert receipt == [("PENDING",)], receipt
 
         run_until_ok(env, *ONE_ARGS)
@@ -258,7 +306,7 @@ def test_kill_inside_the_webhook_delivery_window(pg_dsn: str, sample_landing: Pa
         assert counts[key] == 3, counts  # the 400, the accepted POST before the crash, its one repeat
         assert [p.answer for p in consumer.snapshot() if p.key == key] == [400, 200, 409]
         assert all(n == 1 for k, n in counts.items() if k != key), counts
-        check_against_clean(env, pg_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=1)
+        check_against_clean(env, fresh_dsn, consumer, clean_one, ONE, crashes_in_delivery_window=1)
 
 
 # ---- 2. random kills -----------------------------------------------------------------------------
@@ -355,15 +403,14 @@ def finish_home(env: dict[str, str], consumer: Consumer, clean: Clean, *, kills:
     assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
 
 
-def test_random_kills(sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+def test_random_kills(fault_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
     with embedded_root() as root:
-        outcomes = kill_loop(kills=20, seed=20260901, landing=sample_landing, root=root, logs=tmp_path,
+        outcomes = kill_loop(kills=20, seed=20260901, landing=fault_landing, root=root, logs=tmp_path,
                              clean=clean_all)
     assert sum(o.killed for o in outcomes) == 20
 
 
-@pytest.mark.slow
-def test_random_kills_long(sample_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
+def test_random_kills_long(fault_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
     with embedded_root() as root:
-        outcomes = kill_loop(kills=60, seed=7, landing=sample_landing, root=root, logs=tmp_path, clean=clean_all)
+        outcomes = kill_loop(kills=60, seed=7, landing=fault_landing, root=root, logs=tmp_path, clean=clean_all)
     assert sum(o.killed for o in outcomes) == 60

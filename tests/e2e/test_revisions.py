@@ -108,6 +108,12 @@ def _heads(dsn: str, key: str) -> dict[str, tuple[Any, ...]]:
 
 
 def _set_schema_version(phase: Any, version: int) -> None:
+    """A bump as a developer makes it: the phase's version, and its summary model at that version
+    (here the same model, as for a bump that changes a table but not the summary)."""
+    from assets.summaries import SUMMARIES
+
+    latest = max(v for name, v in SUMMARIES if name == phase.name)
+    SUMMARIES.setdefault((phase.name, version), SUMMARIES[(phase.name, latest)])
     object.__setattr__(phase, "schema_version", version)  # frozen dataclass, shared by every module
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 from pathlib import Path
+from typing import Any
 
 import markupsafe
 import psycopg
@@ -43,6 +44,15 @@ def _deliver(ledger: Ledger, key: str, digest: str, target: str, *, delivered: b
     if delivered:
         ledger.mark_delivered(rec, {"ok": True})
     return artifact
+
+
+def present_summary(**extra: Any) -> dict[str, Any]:
+    """A present summary as the runner commits it (its model: assets/summaries.py)."""
+    quality = {"grade": "noisy" if "held" in extra else "high", "measures": {}, "reasons": []}
+    return {"rows": {"region_day_summary": 1}, "delta_versions": {"region_day_summary": 1}, "upstream": {},
+            "figures": {"outages": 1, "expected_outages": 1, "customers_out": 5, "clusters": 0,
+                        "expected_clusters": 0, "backlog": 0, "artifacts": {}, "quality": quality},
+            "artifacts": [], "delivered": [], "receipts": 0, "checks": {"artifacts": True}, **extra}
 
 
 @pytest.fixture
@@ -200,8 +210,7 @@ def test_report_maps_quality_lists_what_waits_and_says_what_a_role_may_not_see(p
         claim = _claim(populated, key, phase, "run-fff")
         summary: dict = {"upstream": {}}
         if phase == "present":
-            summary["figures"] = {"quality": {"grade": "noisy"}}
-            summary["held"] = {"quality": "noisy", "reasons": ["station_hours_missing 50.0% > 30%"]}
+            summary = present_summary(held={"quality": "noisy", "reasons": ["station_hours_missing 50.0% > 30%"]})
         populated.complete(claim, state_hash=f"s-{key}-{phase}", summary=summary, tier=p.tier,
                            tier_label=p.tier_label, run_id="run-fff")
     claim = _claim(populated, "2026-09-01|pine_belt", "enrich", "run-ggg")
@@ -312,3 +321,21 @@ def test_a_year_shows_weeks_as_columns_with_the_lowest_tier_of_each() -> None:
     assert (g.tiers[0, 1:] == 4).all() and (g.tiers[1] == 4).all()
     (png,) = grid_pngs([heat_map(data)])
     assert png.startswith(PNG_MAGIC) and png == grid_pngs([heat_map(data)])[0]
+
+
+def test_a_held_batch_whose_stored_summary_does_not_read_is_one_line_in_the_report(populated: Ledger,
+                                                                                  tmp_path: Path) -> None:
+    key = "2026-09-01|red_hills"
+    for phase in ("ingest", "enrich", "correlate"):
+        _complete(populated, key, phase, "run-hhh")
+    claim = _claim(populated, key, "present", "run-hhh")
+    populated.complete(claim, state_hash="s", summary=present_summary(held={"quality": "noisy"}), tier=3,
+                       tier_label="held_for_review", run_id="run-hhh")
+    problems = write_report(populated, tmp_path / "report.html")
+    assert len(problems) == 1
+    line = problems[0]
+    for words in (f"present of {key}", f"seq {claim.seq}", "'held.reasons'", "--from present"):
+        assert words in line, (words, line)
+    page = (tmp_path / "report.html").read_text()
+    review = page[page.index('id="review"'):page.index('id="phases"')]
+    assert "stored summary does not read" in review and "held.reasons" in review
