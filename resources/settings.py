@@ -90,7 +90,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         raise ConfigError(
             f"STORMLAKE_FIRST_DAY={first_day!r} is not a date; use YYYY-MM-DD"
         ) from exc
-    lake = str(_location("STORMLAKE_LAKE", get("STORMLAKE_LAKE"), home / "lake"))
+    lake = str(_location("STORMLAKE_LAKE", get("STORMLAKE_LAKE"), home / "lake", any_url=True))
     publish_dir = _location("STORMLAKE_PUBLISH_DIR", get("STORMLAKE_PUBLISH_DIR"), home / "published")
     return Settings(
         home=home,
@@ -118,8 +118,12 @@ def _workers(get) -> int:  # type: ignore[no-untyped-def]
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
 
 
-def _location(name: str, raw: str | None, default: Path, *, must_be_folder: bool = True) -> Path | str:
-    """A folder setting: a local folder (absolute), or an ``s3://bucket/prefix`` URL kept as given."""
+def _location(name: str, raw: str | None, default: Path, *, must_be_folder: bool = True,
+              any_url: bool = False) -> Path | str:
+    """A folder setting: a local folder (absolute), or an ``s3://bucket/prefix`` URL. ``any_url``:
+    another URL is kept as given (the lake's tables take any URI delta-rs reads)."""
+    if raw is not None and "://" in raw and any_url and not raw.startswith("s3://"):
+        return raw
     if raw is not None and "://" in raw:
         parts = urllib.parse.urlsplit(raw)
         if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment or "@" in parts.netloc:

@@ -7,8 +7,8 @@ is, so reading landing files, fingerprinting them and delivering artifacts is on
 - :class:`LocalStorage`: a folder. A write is a temporary file, fsync and a rename
   (:func:`resources.files.write_atomic`); a file's stamp is its ``stat`` (device, inode, size,
   mtime, ctime).
-- :class:`S3Storage`: a bucket and prefix, through ``obstore`` (the Rust ``object_store`` that
-  delta-rs uses for the lake). A write is one PUT, which S3 makes visible whole or not at all; an
+- :class:`S3Storage`: a bucket and prefix, through boto3 (docs/OBJECT_STORAGE.md says why).
+  A write is one PUT, which S3 makes visible whole or not at all; an
   object's stamp is its size, ETag and modification time from a HEAD or a listing. The endpoint,
   region and credentials come from the standard AWS variables (``AWS_ENDPOINT_URL``,
   ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ALLOW_HTTP``, ...).
@@ -182,94 +182,102 @@ def _local_stat(st: os.stat_result) -> Stat:
 
 
 class S3Storage(Storage):
-    """``s3://bucket/prefix`` through obstore. An object's stamp is its size, ETag and
-    modification time: S3 gives a rewritten object a new ETag (and modification time)."""
+    """``s3://bucket/prefix`` through boto3. An object's stamp is its size, ETag and modification
+    time: S3 gives a rewritten object a new ETag (and modification time)."""
 
     kind = "s3"
 
     def __init__(self, url: str):
-        from obstore.store import S3Store
-
         parts = urllib.parse.urlsplit(url)
         if not parts.netloc:
             raise StorageError(f"{url}: no bucket (use s3://bucket/prefix)")
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/")
         self.location = f"{S3_SCHEME}{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        try:
-            # Retries of transient answers (5xx, timeouts) are object_store's own, kept short so
-            # a failing store is reported in seconds rather than after minutes.
-            self.store = S3Store(self.bucket, prefix=self.prefix or None,
-                                 retry_config={"max_retries": 3, "retry_timeout": dt_seconds(20),
-                                               "backoff": {"init_backoff": dt_seconds(0.1),
-                                                           "max_backoff": dt_seconds(2), "base": 2}})
-        except Exception as exc:  # obstore raises its own configuration errors
-            raise StorageError(f"{self.location}: cannot be opened ({_reason(exc)})") from None
+        self._opened: tuple[int, Any] | None = None
+
+    @property
+    def client(self) -> Any:
+        """The S3 client of this process. A process forked from one that used it (the CLI's
+        backfill workers) makes its own rather than share the parent's pooled connections."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            import boto3
+            from botocore.config import Config
+
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            try:
+                # Transient answers (5xx, throttling, timeouts) are retried by botocore a few
+                # times, kept short so a failing store is reported in seconds.
+                client = boto3.session.Session().client(
+                    "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, region_name=region,
+                    config=Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=5,
+                                  read_timeout=60))
+            except Exception as exc:  # botocore's own configuration errors
+                raise StorageError(f"{self.location}: cannot be opened ({_reason(exc)})") from None
+            self._opened = (os.getpid(), client)
+        return self._opened[1]
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def url(self, rel: str) -> str:
         return f"{self.location}/{rel}" if rel else self.location
 
     def stat(self, rel: str) -> Stat | None:
-        import obstore
-
         try:
-            meta = obstore.head(self.store, rel)
-        except FileNotFoundError:
-            return None
+            meta = self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as exc:
+            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None
             raise _error(self.url(rel), "cannot be looked up", exc) from None
-        return _s3_stat(meta)
+        return _s3_stat(meta["ContentLength"], meta.get("ETag"), meta["LastModified"])
 
     def read(self, rel: str) -> bytes:
-        import obstore
-
         try:
-            return bytes(obstore.get(self.store, rel).bytes())
-        except FileNotFoundError:
-            raise FileNotFoundError(self.url(rel)) from None
+            return self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
         except Exception as exc:
+            if _code(exc) in ("404", "NoSuchKey"):
+                raise FileNotFoundError(self.url(rel)) from None
             raise _error(self.url(rel), "cannot be read", exc) from None
 
     def put(self, rel: str, data: bytes, *, durable: bool = False) -> str:
-        import obstore
-
         try:
-            obstore.put(self.store, rel, data, use_multipart=False)
+            self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data)
         except Exception as exc:
             raise _error(self.url(rel), "cannot be written", exc) from None
         return self.url(rel)
 
     def listing(self, rel: str = "") -> tuple[list[str], dict[str, Stat]]:
-        import obstore
-
-        prefix = rel.strip("/")
+        prefix = self.key(rel.strip("/")).strip("/")
+        prefix = f"{prefix}/" if prefix else ""
+        folders: list[str] = []
+        files: dict[str, Stat] = {}
         try:
-            found = obstore.list_with_delimiter(self.store, prefix or None)
-        except FileNotFoundError:
-            return [], {}
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/")
+            for page in pages:
+                folders += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+                for obj in page.get("Contents", []):
+                    files[obj["Key"][len(prefix):]] = _s3_stat(obj["Size"], obj.get("ETag"), obj["LastModified"])
         except Exception as exc:
-            raise _error(self.url(prefix), "cannot be listed", exc) from None
-        cut = len(prefix) + 1 if prefix else 0
-        folders = sorted(p[cut:].rstrip("/") for p in found["common_prefixes"])
-        files = {m["path"][cut:]: _s3_stat(m) for m in found["objects"]}
-        return folders, files
+            raise _error(self.url(rel.strip("/")), "cannot be listed", exc) from None
+        return sorted(folders), files
 
     def exists(self) -> bool:
         self.listing()  # raises, naming the URL, when the bucket is missing or the login is refused
         return True
 
 
-def dt_seconds(seconds: float) -> Any:
-    import datetime as dt
-
-    return dt.timedelta(seconds=seconds)
-
-
-def _s3_stat(meta: Any) -> Stat:
-    modified = meta["last_modified"]
+def _s3_stat(size: int, etag: str | None, modified: Any) -> Stat:
     mtime = int(modified.timestamp() * 1_000_000) * 1000
-    etag = (meta.get("e_tag") or "").strip('"')
-    return Stat(int(meta["size"]), f"{meta['size']}:{etag}:{mtime}", f"{meta['size']}:{etag}:{mtime}")
+    text = f"{size}:{(etag or '').strip(chr(34))}:{mtime}"
+    return Stat(int(size), text, text)
+
+
+def _code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ClientError ('' for any other error)."""
+    response = getattr(exc, "response", None)
+    return str((response or {}).get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def _error(url: str, what: str, exc: BaseException) -> StorageError:
@@ -277,29 +285,40 @@ def _error(url: str, what: str, exc: BaseException) -> StorageError:
     return StorageError(f"{url}: {what} ({_reason(exc)})", transient=_transient(exc))
 
 
+REFUSED = "the credentials were refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+
+
 def _reason(exc: BaseException) -> str:
     """The store's answer in a few words: the S3 error code when the answer carries one."""
+    code = _code(exc)
+    known = {"NoSuchBucket": "no such bucket", "NoSuchKey": "no such key", "SignatureDoesNotMatch": REFUSED,
+             "InvalidAccessKeyId": REFUSED, "403": "access denied (HTTP 403): check AWS_ACCESS_KEY_ID,"
+             " AWS_SECRET_ACCESS_KEY and the bucket's policy",
+             "AccessDenied": "access denied: check the credentials and the bucket's policy"}
+    if code in known:
+        return known[code]
+    if code:
+        return f"{code} (HTTP {exc.response.get('ResponseMetadata', {}).get('HTTPStatusCode', '?')})"  # type: ignore[attr-defined]
+    name = exc.__class__.__name__
+    if name == "EndpointConnectionError":
+        return "the endpoint cannot be reached: check AWS_ENDPOINT_URL"
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    if name == "NoRegionError":
+        return "no region: set AWS_REGION"
     text = str(exc)
-    for code, words in (("NoSuchBucket", "no such bucket"), ("NoSuchKey", "no such key"),
-                        ("SignatureDoesNotMatch", "the credentials were refused: check AWS_ACCESS_KEY_ID and"
-                                                  " AWS_SECRET_ACCESS_KEY"),
-                        ("InvalidAccessKeyId", "the credentials were refused: check AWS_ACCESS_KEY_ID and"
-                                               " AWS_SECRET_ACCESS_KEY"),
-                        ("AccessDenied", "access denied: check the credentials and the bucket's policy"),
-                        ("403 Forbidden", "access denied (HTTP 403): check AWS_ACCESS_KEY_ID,"
-                                          " AWS_SECRET_ACCESS_KEY and the bucket's policy"),
-                        ("Connection refused", "connection refused: check AWS_ENDPOINT_URL"),
-                        ("error sending request", "the endpoint cannot be reached: check AWS_ENDPOINT_URL")):
-        if code in text:
-            return words
     first = text.strip().splitlines()[0] if text.strip() else exc.__class__.__name__
     return _without_secrets(first)[:300]
 
 
 def _transient(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(s in text for s in (" 500 ", " 502 ", " 503 ", " 504 ", "SlowDown", "timed out",
-                                   "error sending request", "Connection refused"))
+    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    if isinstance(status, int) and status >= 500:
+        return True
+    if exc.__class__.__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                                  "ConnectionClosedError"):
+        return True
+    return "SlowDown" in str(exc)
 
 
 def _without_secrets(text: str) -> str:

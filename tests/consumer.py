@@ -662,7 +662,7 @@ def crash_server(pgdata: Path) -> list[int]:
 
 
 def lake_root(env: dict[str, str]) -> str:
-    return str(Path(env["STORMLAKE_HOME"]) / "lake")
+    return env.get("STORMLAKE_LAKE") or str(Path(env["STORMLAKE_HOME"]) / "lake")
 
 
 def lake_snapshot(env: dict[str, str], partitions: list[str]) -> dict[tuple[str, str], Any]:
