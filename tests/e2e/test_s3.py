@@ -163,3 +163,54 @@ def test_landing_fingerprints_come_from_listings_and_see_a_same_size_rewrite(
     assert Landing(url).content_version("gulf_coast", "2026-09-01") != version
     s3_endpoint.client().delete_object(Bucket=bucket, Key=f"landing/{rel}")
     assert zone.stat_fingerprint("gulf_coast", "2026-09-01") is None
+
+
+def test_the_landing_sensor_scan_on_s3_sees_new_and_rewritten_objects_once(
+        s3_endpoint: Endpoint, sample_landing: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.sensors import scan_landing
+    from resources.landing import Landing
+
+    for k, v in s3_endpoint.env().items():
+        monkeypatch.setenv(k, v)
+    bucket = s3_endpoint.new_bucket()
+    url = f"s3://{bucket}/landing"
+    s3_endpoint.upload(sample_landing, url)
+    first = scan_landing(Landing(url), {}, today="2026-12-01")
+    assert first.changed == ALL and first.waiting == []
+    assert scan_landing(Landing(url), first.fingerprints, today="2026-12-01").changed == []
+
+    rel = "pine_belt/2026-09-02/weather.csv"
+    zone = Landing(url)
+    zone.storage.put(rel, zone.storage.read(rel) + b"\n")
+    after = scan_landing(Landing(url), first.fingerprints, today="2026-12-01")
+    assert after.changed == ["2026-09-02|pine_belt"], after
+
+
+def test_a_put_that_fails_leaves_its_receipt_pending_and_the_next_run_delivers_it(
+        pg_dsn: str, sample_landing: Path, tmp_path: Path, s3_endpoint: Endpoint) -> None:
+    bucket = s3_endpoint.new_bucket()
+    later = f"later-{bucket}"  # made only after the first run
+    settings = {**s3_settings(s3_endpoint, bucket), "STORMLAKE_PUBLISH_DIR": f"s3://{later}/published"}
+    s3_endpoint.upload(sample_landing, settings["STORMLAKE_LANDING"])
+    env = make_home(tmp_path, sample_landing, pg_dsn, **settings)
+    one = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
+    key = "2026-09-01|gulf_coast"
+
+    out = run(env, *one)
+    assert out.returncode == 1, str(out)
+    check_one_line_error(out.stderr, must_mention=(f"s3://{later}/published/gulf_coast/2026-09-01/", "no such bucket"),
+                         max_lines=2)
+    assert s3_endpoint.secret_access_key not in out.stdout + out.stderr
+    pending = status(env)[key]["deliveries"]
+    assert pending and {d["status"] for d in pending} == {"PENDING"}, pending
+
+    s3_endpoint.client().create_bucket(Bucket=later)
+    again = run(env, *one)
+    assert again.returncode == 0, str(again)
+    delivered = status(env)[key]["deliveries"]
+    assert {d["status"] for d in delivered} == {"DELIVERED"} and len(delivered) == len(pending), delivered
+    objects = s3_endpoint.keys(f"s3://{later}/published")
+    for d in delivered:
+        slot = d["artifact_id"].split("@")[0]
+        assert hashlib.sha256(objects[slot]).hexdigest()[:16] == d["artifact_id"].rsplit("@", 1)[1], slot
+    check_ledger_clean(pg_dsn)
