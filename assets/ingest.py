@@ -19,7 +19,7 @@ from resources.ledger_resource import LedgerResource
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
     part = ctx.partition
-    result = ingest_partition(ctx.landing.root, part.region, part.day, known_regions=ctx.known_regions)
+    result = ingest_partition(ctx.landing.storage, part.region, part.day, known_regions=ctx.known_regions)
     ctx.fault_point()
     files = [asdict(f) for f in result.files]
     return PhaseOutput(

@@ -7,12 +7,14 @@ one line on stderr; ``--debug`` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,9 +136,10 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         sys.stderr.flush()
 
     t = time.monotonic()
-    generate_scenario(settings.landing, regions[: args.regions], days=args.days, start=start,
-                      rows_per_partition=args.rows_per_partition, seed=args.seed, noisy=noisy,
-                      progress=progress)
+    with _local_folder_for(settings.landing) as folder:
+        generate_scenario(folder, regions[: args.regions], days=args.days, start=start,
+                          rows_per_partition=args.rows_per_partition, seed=args.seed, noisy=noisy,
+                          progress=progress)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"wrote {total} partitions ({args.regions} regions x {args.days} days, "
@@ -144,15 +147,33 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _local_folder_for(location: Path | str):  # -> Iterator[Path]
+    """A local folder whose files end up at ``location``: the folder itself, or for object storage
+    a temporary folder whose files are uploaded, each with one PUT, when the block ends."""
+    from resources.storage import LocalStorage, open_storage
+
+    store = open_storage(location)
+    if isinstance(store, LocalStorage):
+        yield store.root
+        return
+    with tempfile.TemporaryDirectory(prefix="stormlake-generate-") as tmp:
+        yield Path(tmp)
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                store.put(path.relative_to(tmp).as_posix(), path.read_bytes())
+
+
 def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
     """Run the partitions: those whose every phase would skip are reported by the preflight
     (:mod:`pipeline.preflight`, no Dagster), the others go through Dagster. Each block of those is
     looked at again just before its run (another process may have moved it on meanwhile)."""
     from pipeline.progress import Progress
+    from resources.landing import Landing
 
     _prepare(settings)
     if not keys:
-        if not settings.landing.is_dir():
+        if not Landing(settings.landing).storage.exists():
             raise ConfigError(f"the landing zone {settings.landing} is not a folder (set STORMLAKE_LANDING,"
                               " or write a scenario with `stormlake generate`)")
         print(f"no partitions selected (the landing zone {settings.landing} has no matching <region>/<day>/ folders)")

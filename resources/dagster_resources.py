@@ -8,8 +8,6 @@ not import Dagster.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
 import pyarrow as pa
 from pydantic import PrivateAttr
@@ -45,7 +43,7 @@ class LandingResource(dg.ConfigurableResource):
         everything in it, such as every partition of a range step.
         """
         if self._landing is None:
-            self._landing = Landing(Path(self.root))
+            self._landing = Landing(self.root)
         return self._landing
 
     def regions(self):  # -> dict[str, Region]
@@ -64,5 +62,5 @@ class PublisherResource(dg.ConfigurableResource):
     webhook_backoff_s: float = 0.5
 
     def targets(self) -> list[Target]:
-        return build_targets(Path(self.publish_dir), self.webhook_url or None, timeout_s=self.webhook_timeout_s,
+        return build_targets(self.publish_dir, self.webhook_url or None, timeout_s=self.webhook_timeout_s,
                              max_tries=self.webhook_tries, backoff_s=self.webhook_backoff_s)

@@ -12,6 +12,7 @@ and pick the exit code without a traceback::
     │   ├── LeaseTimeout           the phase lease was not granted in time
     │   └── MigrationError         a schema migration failed; the version is unchanged
     ├── LakeError                  a Delta table cannot be read or written
+    ├── StorageError               a landing or publish location (folder, s3://) failed
     ├── DeliveryError              an artifact could not be delivered
     │   ├── DeliveryRejected       the consumer answered with a status that is not retried
     │   └── DeliveryExhausted      retries ran out (5xx, 429, timeouts)
@@ -85,6 +86,15 @@ class MigrationError(LedgerError):
 
 class LakeError(StormlakeError):
     """A Delta table cannot be read or written."""
+
+
+class StorageError(StormlakeError):
+    """A landing or publish location cannot be listed, read or written (names the URL, never a
+    credential). ``transient`` when the store answered with a server error or could not be reached."""
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class DeliveryError(StormlakeError):

@@ -35,6 +35,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from resources.errors import LakeError
 from resources.settings import DEFAULT_LAKE_LOG_RETENTION_MINUTES
+from resources.storage import delta_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,9 @@ class Lake:
     def __init__(self, root: str, schemas: dict[str, pa.Schema], *, partition_by: list[str],
                  cache: PartitionCache | None = None, log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES):
         self.root = root
+        # On S3: the AWS variables and conditional writes, which keep concurrent commits safe
+        # without a lock table (resources/storage.py).
+        self.storage_options = delta_storage_options(root)
         self.configuration = table_configuration(log_retention_minutes)
         self.cache = cache if cache is not None else PartitionCache.shared()
         self.schemas = schemas
@@ -289,13 +293,13 @@ class Lake:
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(CREATE_TRIES):
             try:
-                if DeltaTable.is_deltatable(uri):
+                if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
                     break
                 DeltaTable.create(uri, self.schemas[table], mode="ignore", partition_by=self.partition_by,
-                                  configuration=self.configuration)
+                                  configuration=self.configuration, storage_options=self.storage_options)
                 break
             except (CommitFailedError, DeltaError, OSError) as exc:
-                if DeltaTable.is_deltatable(uri):
+                if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
                     break
                 if attempt == CREATE_TRIES - 1:
                     raise LakeError(f"cannot create Delta table {table} at {uri}: {exc}") from exc
@@ -358,7 +362,7 @@ class Lake:
 
     def table(self, table: str, version: int | None = None) -> DeltaTable:
         try:
-            return DeltaTable(self.uri(table), version=version)
+            return DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
         except TableNotFoundError as exc:
             raise LakeError(f"Delta table {table} not found at {self.uri(table)}") from exc
         except DeltaError as exc:
@@ -618,7 +622,8 @@ class Lake:
         else:
             dt = self._count_handles.get(uri)
             if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
-                dt = self._count_handles[uri] = DeltaTable(uri, version=version)
+                dt = self._count_handles[uri] = DeltaTable(uri, version=version,
+                                                                      storage_options=self.storage_options)
             elif dt.version() < version:
                 dt.load_as_version(version)
         actions = pa.table(dt.get_add_actions(flatten=True))

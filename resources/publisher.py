@@ -1,4 +1,7 @@
-"""Delivery targets of the present phase (contract section 6): the filesystem and a webhook.
+"""Delivery targets of the present phase (contract section 6): the publish location and a webhook.
+
+The publish location is a folder (target ``file``) or an ``s3://bucket/prefix`` (target ``s3``),
+written through :mod:`resources.storage`.
 
 A target only performs the side effect; the runner wraps every delivery in a receipt
 (PENDING committed before, DELIVERED after), so a target may be asked to deliver the same
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resources.errors import DeliveryExhausted, DeliveryRejected
-from resources.files import write_atomic
+from resources.storage import Storage, open_storage
 
 CONTENT_TYPES = {
     "summary.json": "application/json",
@@ -66,23 +69,27 @@ class Target(Protocol):
 
 
 class FileTarget:
-    """Writes ``<publish_dir>/<region>/<day>/<kind>``: temp name, fsync, rename, fsync dir."""
+    """Writes ``<publish_dir>/<region>/<day>/<kind>`` whole: in a folder a temporary name, fsync,
+    rename and fsync of the folder (target ``file``); on S3 one PUT of the object (target ``s3``)."""
 
-    name = "file"
+    def __init__(self, publish_dir: Path | str | Storage):
+        self.storage = open_storage(publish_dir)
+        self.name = self.storage.kind
 
-    def __init__(self, publish_dir: Path):
-        self.publish_dir = publish_dir
+    @staticmethod
+    def rel(artifact: Artifact) -> str:
+        return f"{artifact.region_id}/{artifact.day}/{artifact.kind}"
 
     def ref(self, artifact: Artifact) -> str:
-        return str(self.publish_dir / artifact.region_id / artifact.day / artifact.kind)
+        return self.storage.url(self.rel(artifact))
 
     def shown_ref(self, artifact: Artifact) -> str:
         return self.ref(artifact)
 
     def deliver(self, artifact: Artifact, *, supersedes: str | None,
                 idempotency_key: str | None = None) -> dict[str, Any]:
-        final = write_atomic(self.ref(artifact), artifact.data, durable=True)
-        return {"path": str(final), "bytes": len(artifact.data)}
+        final = self.storage.put(self.rel(artifact), artifact.data, durable=True)
+        return {"path": final, "bytes": len(artifact.data)}
 
 
 class WebhookTarget:
@@ -183,7 +190,7 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}{hidden}"
 
 
-def build_targets(publish_dir: Path, webhook_url: str | None, *, timeout_s: float = 10.0,
+def build_targets(publish_dir: Path | str, webhook_url: str | None, *, timeout_s: float = 10.0,
                   max_tries: int = 5, backoff_s: float = 0.5) -> list[Target]:
     targets: list[Target] = [FileTarget(publish_dir)]
     if webhook_url:

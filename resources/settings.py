@@ -51,9 +51,9 @@ class Settings:
     """The resolved settings of contract section 1."""
 
     home: Path
-    landing: Path
+    landing: Path | str  # a folder, or an s3://bucket/prefix URL (resources/storage.py)
     lake: str
-    publish_dir: Path
+    publish_dir: Path | str  # a folder, or an s3://bucket/prefix URL
     webhook_url: str | None
     pg_dsn: str | None
     regions_file: Path
@@ -90,15 +90,11 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         raise ConfigError(
             f"STORMLAKE_FIRST_DAY={first_day!r} is not a date; use YYYY-MM-DD"
         ) from exc
-    lake = get("STORMLAKE_LAKE") or str(home / "lake")
-    if "://" not in lake:
-        lake = str(Path(lake).expanduser().absolute())
-        _a_folder("STORMLAKE_LAKE", Path(lake))
-    publish_dir = Path(get("STORMLAKE_PUBLISH_DIR") or home / "published").expanduser().absolute()
-    _a_folder("STORMLAKE_PUBLISH_DIR", publish_dir)
+    lake = str(_location("STORMLAKE_LAKE", get("STORMLAKE_LAKE"), home / "lake", any_url=True))
+    publish_dir = _location("STORMLAKE_PUBLISH_DIR", get("STORMLAKE_PUBLISH_DIR"), home / "published")
     return Settings(
         home=home,
-        landing=Path(get("STORMLAKE_LANDING") or home / "landing").expanduser().absolute(),
+        landing=_location("STORMLAKE_LANDING", get("STORMLAKE_LANDING"), home / "landing", must_be_folder=False),
         lake=lake,
         publish_dir=publish_dir,
         webhook_url=_webhook_url(get("STORMLAKE_WEBHOOK_URL")),
@@ -120,6 +116,24 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
 def _workers(get) -> int:  # type: ignore[no-untyped-def]
     """``STORMLAKE_WORKERS``: how many backfill processes run at once (default: the machine's cores)."""
     return _whole(get, "STORMLAKE_WORKERS", max(1, os.cpu_count() or 1))
+
+
+def _location(name: str, raw: str | None, default: Path, *, must_be_folder: bool = True,
+              any_url: bool = False) -> Path | str:
+    """A folder setting: a local folder (absolute), or an ``s3://bucket/prefix`` URL. ``any_url``:
+    another URL is kept as given (the lake's tables take any URI delta-rs reads)."""
+    if raw is not None and "://" in raw and any_url and not raw.startswith("s3://"):
+        return raw
+    if raw is not None and "://" in raw:
+        parts = urllib.parse.urlsplit(raw)
+        if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ConfigError(f"{name} is a URL but not s3://bucket/prefix (its value is not shown: it may hold"
+                              " a secret); object storage is s3://, a local folder a path")
+        return f"s3://{parts.netloc}{parts.path.rstrip('/')}"
+    path = Path(raw or default).expanduser().absolute()
+    if must_be_folder:
+        _a_folder(name, path)
+    return path
 
 
 def _a_folder(name: str, path: Path) -> None:

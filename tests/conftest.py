@@ -112,3 +112,12 @@ def dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     yield dsn
     drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
+    """A local S3 endpoint (moto[server]) for the session; each test makes buckets of its own."""
+    from tests.s3 import moto_endpoint
+
+    with moto_endpoint(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        yield endpoint

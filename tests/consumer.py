@@ -662,7 +662,7 @@ def crash_server(pgdata: Path) -> list[int]:
 
 
 def lake_root(env: dict[str, str]) -> str:
-    return str(Path(env["STORMLAKE_HOME"]) / "lake")
+    return env.get("STORMLAKE_LAKE") or str(Path(env["STORMLAKE_HOME"]) / "lake")
 
 
 def lake_snapshot(env: dict[str, str], partitions: list[str]) -> dict[tuple[str, str], Any]:
@@ -706,13 +706,16 @@ def check_one_line_error(stderr: str, *, must_mention: tuple[str, ...] = (), max
 
 
 # ---- landing data ------------------------------------------------------------------------------
-def add_outages(landing: Path, region: str, day: str, *, tag: str = "late", n: int = 2) -> None:
-    """Append ``n`` valid outage rows to the partition's outages.csv: new inputs for it."""
+def add_outages(landing: Path | str, region: str, day: str, *, tag: str = "late", n: int = 2) -> None:
+    """Append ``n`` valid outage rows to the partition's outages.csv: new inputs for it.
+
+    ``landing``: a folder or an ``s3://`` URL (the AWS variables of this process reach it)."""
     from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+    from resources.storage import open_storage
 
     box = {r.region_id: r for r in load_regions(DEFAULT_REGIONS_FILE)}[region]
-    path = landing / region / day / "outages.csv"
-    text = path.read_text(encoding="utf-8")
+    zone, rel = open_storage(landing), f"{region}/{day}/outages.csv"
+    text = zone.read(rel).decode("utf-8")
     header = next(csv.reader(io.StringIO(text)))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
@@ -723,4 +726,4 @@ def add_outages(landing: Path, region: str, day: str, *, tag: str = "late", n: i
             "lon": f"{(box.min_lon + box.max_lon) / 2 - 0.01 * i:.5f}",
             "customers_out": str(40 + i), "cause": "vegetation", "restored_at": "",
         })
-    path.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue(), encoding="utf-8")
+    zone.put(rel, (text + ("" if text.endswith("\n") else "\n") + buf.getvalue()).encode("utf-8"))

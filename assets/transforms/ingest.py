@@ -75,6 +75,7 @@ from resources import landing_layout
 from resources.errors import InputFileError
 from resources.landing import MISSING, file_stamp
 from resources.settings import Region
+from resources.storage import Storage, StoredFile, open_storage
 
 # The bytes that shape CSV records.
 LF, CR, QUOTE, COMMA = 0x0A, 0x0D, 0x22, 0x2C
@@ -165,7 +166,7 @@ class _Quotes:
     text_quotes: np.ndarray  # per line: read from outside, every quote is text (none can open a value)
 
 
-def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
+def _read(path: Path | StoredFile, rel: str, required: Sequence[str]) -> _Parsed:
     """Read ``path`` into string columns; raise InputFileError when the file is unusable."""
     data = _load(path, rel)
     arr = np.frombuffer(data, dtype=np.uint8)
@@ -202,12 +203,13 @@ def _read(path: Path, rel: str, required: Sequence[str]) -> _Parsed:
     return _Parsed(rel, cols, first[sound_idx] + 1, bad, len(first), extra, raw)
 
 
-def _load(path: Path, rel: str) -> bytes:
+def _load(path: Path | StoredFile, rel: str) -> bytes:
     """The file's bytes; raise InputFileError when it is missing, unreadable, empty, binary or not UTF-8."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputFileError(rel, "file not found") from None
+        where = f" at {path}" if isinstance(path, StoredFile) and path.storage.kind != "file" else ""
+        raise InputFileError(rel, f"file not found{where}") from None
     except OSError as exc:
         raise InputFileError(rel, f"cannot be read ({exc.strerror or exc.__class__.__name__})") from None
     if not data:
@@ -723,7 +725,7 @@ def _table(schema: pa.Schema, region: Region, day: str, n: int, columns: dict[st
 
 def _start(path: Path, rel: str, columns: Sequence[str], day: str) -> tuple[_Parsed, _Judge]:
     _day_bounds(day)  # a bad day is the caller's bug: fail before reading anything
-    parsed = _read(Path(path), rel, columns)
+    parsed = _read(path if isinstance(path, StoredFile) else Path(path), rel, columns)
     return parsed, _Judge(parsed)
 
 
@@ -819,7 +821,7 @@ class ReferenceCache:
     @classmethod
     def judge(cls, validate: Callable[..., tuple[pa.Table, pa.Table, FileReport]], path: Path, rel: str,
               region: Region, day: str, known_regions: Collection[str]) -> tuple[pa.Table, pa.Table, FileReport]:
-        stamp = file_stamp(Path(path))
+        stamp = file_stamp(path if isinstance(path, StoredFile) else Path(path))
         if stamp == MISSING:  # the validator says so, naming the file
             return validate(path, rel, region, day, known_regions=known_regions)
         key = (validate.__name__, rel, stamp, region.fingerprint(), *sorted(known_regions))
@@ -851,18 +853,22 @@ def _on_day(table: pa.Table, day: str) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.repeat(day, table.num_rows).cast(table.schema.field(i).type))
 
 
-def ingest_partition(landing: Path, region: Region, day: str, *, known_regions: Collection[str]) -> IngestResult:
+def ingest_partition(landing: Path | str | Storage, region: Region, day: str, *,
+                     known_regions: Collection[str]) -> IngestResult:
     """Read and judge the four landing files of one (region, day) partition.
+
+    ``landing``: the landing zone (a folder, an ``s3://`` URL or its :class:`Storage`).
 
     Raises:
         InputFileError: a file is missing or unreadable as a whole; nothing is returned.
+        StorageError: the landing zone's store failed (not the file's fault).
     """
-    landing = Path(landing)
+    zone = open_storage(landing)
     rels = landing_layout.input_files(region.region_id, day)
-    outages = validate_outages(landing / rels[0], rels[0], region, day)
-    weather = validate_weather(landing / rels[1], rels[1], region, day)
-    customers = ReferenceCache.judge(validate_customers, landing / rels[2], rels[2], region, day, known_regions)
-    terrain = ReferenceCache.judge(validate_terrain, landing / rels[3], rels[3], region, day, known_regions)
+    outages = validate_outages(zone.file(rels[0]), rels[0], region, day)
+    weather = validate_weather(zone.file(rels[1]), rels[1], region, day)
+    customers = ReferenceCache.judge(validate_customers, zone.file(rels[2]), rels[2], region, day, known_regions)
+    terrain = ReferenceCache.judge(validate_terrain, zone.file(rels[3]), rels[3], region, day, known_regions)
     parts = (outages, weather, customers, terrain)
     return IngestResult(
         outages=outages[0], weather=weather[0], customers=customers[0], terrain=terrain[0],

@@ -156,12 +156,14 @@ def completed_events(dsn: str) -> dict[tuple[str, str], int]:
 
 
 def check_published_files(env: dict[str, str], artifacts: dict[str, str]) -> None:
-    """The file target holds exactly the bytes the consumer accepted."""
-    publish = Path(env["STORMLAKE_HOME"]) / "published"
+    """The publish target (a folder or S3) holds exactly the bytes the consumer accepted."""
+    from resources.storage import open_storage
+
+    publish = open_storage(env.get("STORMLAKE_PUBLISH_DIR") or Path(env["STORMLAKE_HOME"]) / "published")
     for slot, artifact_id in artifacts.items():
-        path = publish / slot
-        assert path.is_file(), f"{path} was not published"
-        assert hashlib.sha256(path.read_bytes()).hexdigest()[:16] == artifact_id.rsplit("@", 1)[1], path
+        st = publish.stat(slot)
+        assert st is not None, f"{publish.url(slot)} was not published"
+        assert hashlib.sha256(publish.read(slot)).hexdigest()[:16] == artifact_id.rsplit("@", 1)[1], publish.url(slot)
 
 
 def check_against_clean(env: dict[str, str], dsn: str, consumer: Consumer, clean: Clean, partitions: list[str],
@@ -204,15 +206,28 @@ SLOW_CASES = [
     ("present", "after_delta_commit"),
     ("present", "after_checkpoint"),
 ]
-MATRIX = [pytest.param(ph, pt, id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES + SLOW_CASES]
+# On object storage (landing, lake and published on a local S3 endpoint): a kill between the
+# Delta commit and the checkpoint, and both sides of a delivery.
+S3_CASES = [
+    ("correlate", "after_delta_commit"),
+    ("present", "after_pending"),
+    ("present", "after_delivery"),
+]
+MATRIX = [pytest.param(ph, pt, "local", id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES + SLOW_CASES] + [
+    pytest.param(ph, pt, "s3", id=f"s3-{ph}.{pt}") for ph, pt in S3_CASES
+]
 
 
-@pytest.mark.parametrize(("phase", "point"), MATRIX)
-def test_kill_at_fault_point_then_resume(phase: str, point: str, fresh_dsn: str, fault_landing: Path,
-                                         tmp_path: Path, clean_one: Clean) -> None:
+@pytest.mark.parametrize(("phase", "point", "where"), MATRIX)
+def test_kill_at_fault_point_then_resume(phase: str, point: str, where: str, fresh_dsn: str, fault_landing: Path,
+                                         tmp_path: Path, clean_one: Clean, request: pytest.FixtureRequest,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import files_on
+
     killed_at = PHASE_NAMES.index(phase)
     with Consumer() as consumer:
-        env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url)
+        env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url,
+                        **files_on(where, request, monkeypatch, fault_landing))
         killed = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit")
         # os._exit(137) inside the run's step takes the whole CLI process down: no failure is reported
         assert killed.returncode == 137, str(killed)

@@ -195,27 +195,39 @@ def test_a_partial_selection_after_a_schema_bump_names_the_phase_to_run_first(sl
         _set_schema_version(CORRELATE, original)
 
 
-def test_inputs_going_a_b_a_leave_every_consumer_on_a(pg_dsn: str, sample_landing: Path, tmp_path: Path) -> None:
-    """A's artifact ids were delivered before B's; going back to A delivers A again as the current revision."""
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_inputs_going_a_b_a_leave_every_consumer_on_a(where: str, pg_dsn: str, sample_landing: Path, tmp_path: Path,
+                                                      request: pytest.FixtureRequest,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A's artifact ids were delivered before B's; going back to A delivers A again as the current revision.
+
+    With ``s3`` the landing zone, the lake and the published files are on a local S3 endpoint."""
     import hashlib
+
+    from resources.storage import open_storage
+    from tests.s3 import files_on
 
     one = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
     with Consumer() as consumer:
-        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url)
-        outages = Path(env["STORMLAKE_HOME"]) / "landing" / "gulf_coast" / "2026-09-01" / "outages.csv"
-        original = outages.read_bytes()
+        env = make_home(tmp_path, sample_landing, pg_dsn, webhook=consumer.url,
+                        **files_on(where, request, monkeypatch, sample_landing))
+        home = Path(env["STORMLAKE_HOME"])
+        landing = open_storage(env.get("STORMLAKE_LANDING") or home / "landing")
+        published = open_storage(env.get("STORMLAKE_PUBLISH_DIR") or home / "published")
+        outages = "gulf_coast/2026-09-01/outages.csv"
+        original = landing.read(outages)
         assert run(env, *one).returncode == 0
         a_ids = check_consumer(consumer.snapshot(), partitions=[LATE])
-        a_bytes = {slot: (Path(env["STORMLAKE_HOME"]) / "published" / slot).read_bytes() for slot in a_ids}
+        a_bytes = {slot: published.read(slot) for slot in a_ids}
 
-        add_outages(outages.parents[2], "gulf_coast", "2026-09-01", n=3)
+        add_outages(landing.location, "gulf_coast", "2026-09-01", n=3)
         assert run(env, *one).returncode == 0
         n_b = len(consumer.snapshot())
         b_ids = {p.key.split("@")[0]: p.key for p in consumer.snapshot()[len(a_ids):]}
         changed = set(b_ids)
         assert {"gulf_coast/2026-09-01/summary.json", "gulf_coast/2026-09-01/report.html"} <= changed, b_ids
 
-        outages.write_bytes(original)  # back to A
+        landing.put(outages, original)  # back to A
         back = run(env, *one)
         assert back.returncode == 0, str(back)
         again = consumer.snapshot()[n_b:]
@@ -229,8 +241,8 @@ def test_inputs_going_a_b_a_leave_every_consumer_on_a(pg_dsn: str, sample_landin
             assert p.answer == 200, p.as_dict()
         # every consumer ends on the ledger's current revision: A's bytes
         for slot, artifact_id in a_ids.items():
-            data = (Path(env["STORMLAKE_HOME"]) / "published" / slot).read_bytes()
-            assert data == a_bytes[slot], f"the file target of {slot} does not end on A"
+            data = published.read(slot)
+            assert data == a_bytes[slot], f"the {published.kind} target of {slot} does not end on A"
             assert hashlib.sha256(data).hexdigest()[:16] == artifact_id.rsplit("@", 1)[1]
             last = [p for p in consumer.snapshot() if p.kind == slot.rsplit("/", 1)[1]][-1]
             assert last.headers["x-stormlake-artifact-id"] == artifact_id, (slot, last.as_dict())
@@ -240,7 +252,7 @@ def test_inputs_going_a_b_a_leave_every_consumer_on_a(pg_dsn: str, sample_landin
         deliveries = status(env)[LATE]["deliveries"]
         for slot in changed:
             latest = [d for d in deliveries if d["artifact_id"].startswith(slot + "@")][-2:]
-            assert sorted(d["target"] for d in latest) == ["file", "webhook"], latest
+            assert sorted(d["target"] for d in latest) == sorted([published.kind, "webhook"]), latest
             for d in latest:
                 assert d["status"] == "DELIVERED" and d["idempotency_key"] == f"{a_ids[slot]}#2", d
         check_ledger_clean(pg_dsn)

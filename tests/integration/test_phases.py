@@ -481,7 +481,7 @@ def test_landing_digests_are_reused_by_stamp_and_a_same_size_rewrite_is_still_se
 
     # Rewrite the file in place with the same size and put its mtime back: the stamp still
     # changes (ctime), so the digest is computed again and ingest runs on the new bytes.
-    path = files[rel]
+    path = Path(str(files[rel]))  # the local file behind it
     before = path.stat()
     data = bytearray(path.read_bytes())
     header_end = data.index(b"\n")

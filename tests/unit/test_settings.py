@@ -86,3 +86,14 @@ def test_an_age_further_back_than_the_calendar_reads_as_every_time() -> None:
 
     assert _since("99999999999d") == dt.datetime(1, 1, 1, tzinfo=dt.UTC)
     assert dt.datetime.now(dt.UTC) - _since("2h") < dt.timedelta(hours=2, minutes=5)
+
+
+def test_the_landing_lake_and_publish_settings_take_an_s3_url_and_never_repeat_a_bad_one() -> None:
+    got = load_settings({"STORMLAKE_LANDING": "s3://storm/landing/", "STORMLAKE_LAKE": "s3://storm/lake",
+                         "STORMLAKE_PUBLISH_DIR": "s3://storm"})
+    assert (got.landing, got.lake, got.publish_dir) == ("s3://storm/landing", "s3://storm/lake", "s3://storm")
+    for name in ("STORMLAKE_LANDING", "STORMLAKE_PUBLISH_DIR"):
+        for bad in ("s3://key:S3CRET@storm/x", "http://host/S3CRET", "s3://storm/x?token=S3CRET", "s3:///S3CRET"):
+            with pytest.raises(ConfigError, match=f"{name} is a URL but not s3://bucket/prefix") as caught:
+                load_settings({name: bad})
+            assert "S3CRET" not in str(caught.value)
