@@ -12,10 +12,11 @@ the location holds the observable source asset ``landing_files`` (group ``landin
 ``assets/landing_files.py``), the input of ingest's tables, and the ``observe_landing`` job that
 observes it.
 
-The schedules and the two sensors (``pipeline.schedules``, ``pipeline.sensors``) are
-registered STOPPED: nothing launches on its own until an operator turns it on in the UI
-(Automation) or with ``dagster schedule start <name>`` / ``dagster sensor start <name>`` in the
-project folder.
+The landing sensor is registered RUNNING (``STORMLAKE_LANDING_SENSOR=stopped`` registers it
+stopped): landed files, today's included, are run as they come (docs/LIVE.md). The schedules
+and the outbox sensor (``pipeline.schedules``, ``pipeline.sensors``) are registered STOPPED:
+they launch nothing until an operator turns them on in the UI (Automation) or with
+``dagster schedule start <name>`` / ``dagster sensor start <name>`` in the project folder.
 """
 
 from __future__ import annotations
