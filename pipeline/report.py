@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
-from pipeline.status import views
+from pipeline.status import revisions, views
 from resources.files import write_atomic
 from resources.keys import partition_key
 from resources.ledger import Checkpoint, Ledger
@@ -38,6 +38,7 @@ from resources.ledger_views import (
     ReceiptCounts,
     ReceiptRow,
     RegionCounts,
+    StatusFilter,
     StatusSummary,
 )
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
@@ -90,6 +91,8 @@ class ReportData:
     dead_letters: list[Checkpoint]
     dead_letter_after: int
     hidden_phases: list[str]  # phases the reading role may not see (left out of every part of the page)
+    open_day: str = ""  # the UTC day in progress: its partitions get a new revision as files land
+    open_partitions: list[OpenPartition] | None = None  # that day's partitions in the ledger
 
     @property
     def last_activity(self) -> dt.datetime | None:
@@ -99,6 +102,27 @@ class ReportData:
 
     def heads(self, status: str) -> int:
         return sum(c.heads for c in self.phase_counts if c.status == status)
+
+
+@dataclass(frozen=True)
+class OpenPartition:
+    """A partition of the day still open: how far it got and how many revisions it has had."""
+
+    region: str
+    tier: int
+    tier_label: str
+    revisions: int
+    delivered: int
+
+
+def _open_day(v: LedgerViews) -> tuple[str, list[OpenPartition]]:
+    """The day still open (the current UTC day) and its partitions, read as ``status`` reads them."""
+    from resources.landing import utc_today
+
+    today = utc_today()
+    rows = v.partitions(StatusFilter(days=(today, today)))
+    return today, [OpenPartition(r.region, r.tier, r.tier_label, revisions(r.deliveries),
+                                 sum(d["status"] == "DELIVERED" for d in r.deliveries)) for r in rows]
 
 
 def _region_names() -> dict[str, str]:
@@ -137,6 +161,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         "receipt_counts": lambda w: w.receipt_counts(),
         "last_delivery_at": lambda w: w.last_delivery_at(),
         "hidden_phases": lambda w: w.hidden_phases(),
+        "open_day": _open_day,
     }
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="report-read") as pool:
         pending = {name: pool.submit(read, v.sibling()) for name, read in reads.items()}
@@ -164,6 +189,8 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         dead_letters=got["dead_letters"],
         dead_letter_after=dead_letter_after,
         hidden_phases=got["hidden_phases"],
+        open_day=got["open_day"][0],
+        open_partitions=got["open_day"][1],
     )
 
 
