@@ -52,10 +52,11 @@ TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPO
 
 PRESENT_PHASE = PHASES[-1].name  # the operational picture: what consumers are delivered
 TABLE_KINDS = {"deltalake", "postgres"}  # the kind tags of a table asset in the catalog
-#: How fresh the operational picture (present's tables) must be. With the landing sensor on, a
-#: changed landing file is delivered within about a minute, so a storm whose files land every few
-#: minutes keeps the picture inside the warning window; past it the UI shows the picture WARN,
-#: past the fail window FAIL: landed files are waiting, or the storm has gone quiet (docs/LIVE.md).
+#: How fresh the operational picture (present's table) must be. With the landing sensor on, a
+#: changed landing file is delivered after its next tick and a run, so a storm whose files land
+#: every few minutes keeps the picture inside the warning window; past it the UI shows the picture
+#: WARN, past the fail window FAIL: landed files are waiting, or the storm has gone quiet
+#: (docs/LIVE.md).
 PICTURE_WARN_AFTER = dt.timedelta(minutes=5)
 PICTURE_FAIL_AFTER = dt.timedelta(minutes=15)
 PICTURE_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=PICTURE_FAIL_AFTER, warn_window=PICTURE_WARN_AFTER)
