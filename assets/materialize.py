@@ -14,6 +14,7 @@ policy applies; a user's bad input or a failed grader becomes ``dg.Failure`` wit
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import dagster as dg
 from assets.checks import Check
 from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
-from assets.phases import Phase
+from assets.phases import PHASES, Phase
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
 from resources import dagster_compat
@@ -54,6 +55,15 @@ TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPO
 TABLE_KINDS = {"deltalake", "pandas"}
 # Who answers for every table of the pipeline: a team, or a person's email address.
 OWNERS = ["team:stormlake"]
+PRESENT_PHASE = PHASES[-1].name  # the operational picture: what consumers are delivered
+#: How fresh the operational picture (present's table) must be. With the landing sensor on, a
+#: changed landing file is delivered after its next tick and a run, so a storm whose files land
+#: every few minutes keeps the picture inside the warning window; past it the UI shows the picture
+#: WARN, past the fail window FAIL: landed files are waiting, or the storm has gone quiet
+#: (docs/LIVE.md).
+PICTURE_WARN_AFTER = dt.timedelta(minutes=5)
+PICTURE_FAIL_AFTER = dt.timedelta(minutes=15)
+PICTURE_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=PICTURE_FAIL_AFTER, warn_window=PICTURE_WARN_AFTER)
 
 
 def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) -> dg.AssetSpec:
@@ -80,6 +90,7 @@ def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) ->
             "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(table)),
         },
         partitions_def=PARTITIONS,
+        freshness_policy=PICTURE_FRESHNESS if phase.name == PRESENT_PHASE else None,
         # The first phase's tables are not materialized for a partition whose files have not
         # landed (see :func:`not_landed`); Dagster then skips the later phases' steps.
         skippable=not phase.upstream_phases,

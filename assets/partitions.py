@@ -1,13 +1,19 @@
-"""The partition space of every phase asset: days (UTC) × regions (contract section 2)."""
+"""The partition space of every phase asset: days (UTC) × regions (contract section 2).
+
+The day dimension runs from ``STORMLAKE_FIRST_DAY`` to the current UTC day included
+(``end_offset=1``): the day in progress is a partition, served with the files landed so far and
+recomputed as they grow (docs/LIVE.md). Which landing folders are partitions, and why each
+other one is not, is :meth:`resources.landing.Landing.partition_keys`' call.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from resources.keys import partition_key, split_partition_key
+from resources.keys import split_partition_key
+from resources.landing import NotAPartition
 from resources.settings import Region, load_regions, load_settings
 
 if TYPE_CHECKING:
@@ -19,14 +25,17 @@ def regions() -> list[Region]:
 
 
 def storm_partitions(region_list: list[Region] | None = None, first_day: str | None = None) -> dg.MultiPartitionsDefinition:
-    """``day`` (daily, UTC, from ``STORMLAKE_FIRST_DAY``) × ``region`` (the region file).
+    """``day`` (daily, UTC, from ``STORMLAKE_FIRST_DAY`` to today) × ``region`` (the region file).
 
-    Dagster orders the dimensions by name, so keys read ``2026-09-01|gulf_coast``.
+    Dagster orders the dimensions by name, so keys read ``2026-09-01|gulf_coast``. Daily
+    partitions end at the last complete day unless ``end_offset`` says otherwise; ``1`` adds the
+    day in progress.
     """
     region_list = region_list if region_list is not None else regions()
     return dg.MultiPartitionsDefinition(
         {
-            "day": dg.DailyPartitionsDefinition(start_date=first_day or load_settings().first_day, timezone="UTC"),
+            "day": dg.DailyPartitionsDefinition(start_date=first_day or load_settings().first_day, timezone="UTC",
+                                                end_offset=1),
             "region": dg.StaticPartitionsDefinition([r.region_id for r in region_list]),
         }
     )
@@ -57,13 +66,7 @@ def first_day() -> str:
     return day_dimension().start.date().isoformat()
 
 
-def landing_keys(landing: Landing, *, today: str | None = None) -> tuple[list[str], list[str]]:
-    """``(keys, ignored)``: the landing zone's folders that are partitions, in (day, region) order,
-    and those that are not (unknown region, before the first day, a day not over yet)."""
-    today = today or dt.datetime.now(dt.UTC).date().isoformat()
-    known, first = set(region_ids()), first_day()
-    keys: list[str] = []
-    ignored: list[str] = []
-    for day, region in landing.partitions():
-        (keys if region in known and first <= day < today else ignored).append(partition_key(day, region))
-    return keys, ignored
+def landing_keys(landing: Landing, *, today: str | None = None) -> tuple[list[str], list[NotAPartition]]:
+    """``(keys, rejected)`` of :meth:`Landing.partition_keys` for this partition space: its
+    regions, from its first day to ``today`` (default: the current UTC day)."""
+    return landing.partition_keys(region_ids(), first_day(), today=today)

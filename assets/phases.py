@@ -40,7 +40,7 @@ INGEST = Phase(
     tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref", "quarantine"),
 )
 ENRICH = Phase(
-    name="enrich", asset="enriched_outages", tier=2, tier_label="enriched", schema_version=1, code_version="2",
+    name="enrich", asset="enriched_outages", tier=2, tier_label="enriched", schema_version=1, code_version="3",
     upstream_phases=("ingest",),
     input_tables=("outages_raw", "weather_raw", "customers_ref", "terrain_ref"),
     tables=("outages_enriched",),

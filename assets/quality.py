@@ -44,7 +44,8 @@ THRESHOLDS: dict[str, Limits] = {
     "quarantined_share": Limits(0.01, 0.05, 0.15, "rows of the batch's own landing files (outages, weather) quarantined"),
     "outages_without_weather": Limits(0.02, 0.10, 0.30,
                                       "outages whose nearest station has no reading in their hour"),
-    "station_hours_missing": Limits(0.02, 0.10, 0.30, "station-hours of the day without a reading"),
+    "station_hours_missing": Limits(0.02, 0.10, 0.30,
+                                    "station-hours of the day so far (to its last reading) without a reading"),
     "outages_without_feeder": Limits(0.02, 0.05, 0.20, "outages whose cell has no known customers or feeder"),
 }
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from resources.errors import ConfigError, StormlakeError
-from resources.keys import partition_key
+from resources.keys import split_partition_key
 from resources.settings import DAY_RE, REGION_ID_RE, Settings, load_regions, load_settings
 
 SAMPLE = {"regions": 3, "days": 2, "rows_per_partition": 5000, "seed": 7}
@@ -51,8 +51,10 @@ def _days(spec: str | None, first_day: str, flag: str = "--days") -> tuple[str, 
     return a.isoformat(), b.isoformat()
 
 
-def select_partitions(settings: Settings, regions_arg: str | None, days_arg: str | None) -> list[str]:
-    """Partition keys to run: the landing zone's folders, narrowed by --regions / --days."""
+def select_partitions(settings: Settings, regions_arg: str | None, days_arg: str | None):  # -> (keys, rejected)
+    """Partition keys to run: the landing zone's folders, narrowed by --regions / --days, and the
+    selected folders that are not partitions (:meth:`Landing.partition_keys`, each with its
+    reason). A folder outside --regions / --days is neither."""
     from resources.landing import Landing
 
     known = {r.region_id for r in load_regions(settings.regions_file)}
@@ -63,16 +65,20 @@ def select_partitions(settings: Settings, regions_arg: str | None, days_arg: str
         if unknown:
             raise ConfigError(f"--regions: unknown region(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     window = _days(days_arg, settings.first_day)
-    keys = []
-    for day, region in Landing(settings.landing).partitions():
-        if region not in known or day < settings.first_day:
-            continue
-        if wanted is not None and region not in wanted:
-            continue
-        if window and not (window[0] <= day <= window[1]):
-            continue
-        keys.append(partition_key(day, region))
-    return keys
+
+    def selected(day: str, region: str) -> bool:
+        return (wanted is None or region in wanted) and (window is None or window[0] <= day <= window[1])
+
+    keys, rejected = Landing(settings.landing).partition_keys(known, settings.first_day)
+    keys = [key for key in keys if selected(*split_partition_key(key))]
+    rejected = [r for r in rejected if selected(*reversed(r.folder.split("/", 1)))]
+    return keys, rejected
+
+
+def _say_rejected(rejected) -> None:  # noqa: ANN001 - list[resources.landing.NotAPartition]
+    """One line on stderr for each landing folder that is not a partition."""
+    for folder in rejected:
+        print(f"stormlake: {folder}; not run", file=sys.stderr)
 
 
 def _prepare(settings: Settings) -> str:
@@ -129,7 +135,14 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--noisy {noisy}: a share of partitions, between 0 and 1")
     start = args.start or settings.first_day
     _days(start, settings.first_day, flag="--start")
-    total = args.regions * args.days
+    as_of = _as_of(getattr(args, "as_of", None))
+    days = args.days
+    if as_of is not None:  # the days that begin after it get no folder
+        first = dt.datetime.combine(dt.date.fromisoformat(start), dt.time(), dt.UTC)
+        days = min(days, max(0, (as_of - first).days + 1))
+        if days == 0:
+            raise ConfigError(f"--as-of {as_of.isoformat()}: before the first day {start} begins; nothing is reported yet")
+    total = args.regions * days
 
     def progress(stage: str, done: int, of: int) -> None:
         sys.stderr.write(f"\rgenerate: {stage} {done}/{of}\033[K" if sys.stderr.isatty() else f"generate: {stage} {done}/{of}\n")
@@ -139,11 +152,13 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     with _local_folder_for(settings.landing) as folder:
         generate_scenario(folder, regions[: args.regions], days=args.days, start=start,
                           rows_per_partition=args.rows_per_partition, seed=args.seed, noisy=noisy,
-                          progress=progress)
+                          as_of=as_of, progress=progress)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
-    print(f"wrote {total} partitions ({args.regions} regions x {args.days} days, "
-          f"{args.rows_per_partition} outage rows each) to {settings.landing} in {time.monotonic() - t:.1f}s")
+    print(f"wrote {total} partitions ({args.regions} regions x {days} days, "
+          f"{args.rows_per_partition} outage rows each"
+          f"{f' over the whole day, those reported up to {as_of.isoformat()}' if as_of else ''}) "
+          f"to {settings.landing} in {time.monotonic() - t:.1f}s")
     return 0
 
 
@@ -162,6 +177,20 @@ def _local_folder_for(location: Path | str):  # -> Iterator[Path]
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():
                 store.put(path.relative_to(tmp).as_posix(), path.read_bytes())
+
+
+def _as_of(text: str | None) -> dt.datetime | None:
+    """``--as-of``: ``now``, or an ISO-8601 time (UTC when it names no offset)."""
+    if text is None:
+        return None
+    if text == "now":
+        return dt.datetime.now(dt.UTC).replace(microsecond=0)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--as-of {text!r}: expected a time as YYYY-MM-DDTHH:MM[:SS][+HH:MM] (UTC without an"
+                          " offset) or now") from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
@@ -215,7 +244,8 @@ def _force(args: argparse.Namespace):  # -> assets.runner.Force | None
 
 
 def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
-    keys = select_partitions(settings, args.regions, args.days)
+    keys, rejected = select_partitions(settings, args.regions, args.days)
+    _say_rejected(rejected)
     runs = _run(settings, keys, args.workers, _force(args))
     failed = [r for r in runs if not r.ok]
     computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
@@ -227,7 +257,7 @@ def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
     if len(runs) < len(keys):
         print(f"stormlake: stopped after {len(runs)} of {len(keys)} partitions because the ledger is unreachable;"
               " run the same command again when PostgreSQL is back", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or rejected else 0
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -237,7 +267,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         ns = argparse.Namespace(regions=SAMPLE["regions"], days=SAMPLE["days"], start=None,
                                 rows_per_partition=SAMPLE["rows_per_partition"], seed=SAMPLE["seed"])
         cmd_generate(ns, settings)
-    keys = select_partitions(settings, None, None)
+    keys, rejected = select_partitions(settings, None, None)
+    _say_rejected(rejected)
     runs = _run(settings, keys)
     from pipeline.status import render_table
 
@@ -246,7 +277,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     failed = [r for r in runs if not r.ok]
     computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
     delivered = sum(len(r.delivered) for r in runs)
-    if failed:
+    if failed or rejected:
         for r in failed:
             print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
         return 1
@@ -482,6 +513,10 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                         ("--repeat", args.repeat)):
         if value is not None and value < 1:  # 0 is no default: a bench of nothing is a mistake
             raise ConfigError(f"{flag} {value}: must be at least 1")
+    if args.live:
+        from pipeline.tools.bench_live import run_live_bench
+
+        return run_live_bench(args, settings)
     if args.all:
         from pipeline.tools.bench_year import run_year_bench
 
@@ -620,6 +655,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--noisy", type=float, default=0.0, metavar="SHARE",
                    help="the share of partitions made noisy (many bad rows, station-hours missing): "
                         "present grades them noisy and holds them for review; listed in _truth/scenario.json")
+    g.add_argument("--as-of", default=None, metavar="TIME",
+                   help="a storm in progress: write only the rows reported up to TIME (ISO-8601, UTC without an "
+                        "offset, or now), no day that begins after it; a later TIME writes longer files")
     g.set_defaults(fn=cmd_generate)
 
 
@@ -685,6 +723,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     be.add_argument("--all", action="store_true",
                     help="instead: every figure of a year of small partitions in one run (small partitions, "
                          "workers, the UI, the views at scale) against its target")
+    be.add_argument("--live", action="store_true",
+                    help="instead: from a new version of today's files for --partitions regions (default 50) "
+                         "landing to every superseding artifact delivered, through the landing sensor of stormlake ui")
     be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)

@@ -12,11 +12,11 @@ the location holds the observable source asset ``landing_files`` (group ``landin
 ``assets/landing_files.py``), the input of ingest's tables, and the ``observe_landing`` job that
 observes it.
 
-The schedules and the landing sensor (``pipeline.schedules``, ``pipeline.sensors``) are
-registered STOPPED: no new work launches on its own until an operator turns it on in the UI
-(Automation) or with ``dagster schedule start <name>`` / ``dagster sensor start <name>`` in the
-project folder. The outbox sensor is registered RUNNING: it only continues partitions whose run
-stopped between phases.
+The landing sensor is registered RUNNING (``STORMLAKE_LANDING_SENSOR=stopped`` registers it
+stopped): landed files, today's included, are run as they come (docs/LIVE.md). The outbox sensor
+is registered RUNNING too: it only continues partitions whose run stopped between phases. The
+schedules are registered STOPPED: they launch nothing until an operator turns them on in the UI
+(Automation) or with ``dagster schedule start <name>`` in the project folder.
 """
 
 from __future__ import annotations

@@ -454,13 +454,18 @@ class PartitionLauncher:
             self.runner.prefetch(PHASES[len(current)], part)
         try:
             run = run_partition(self.job, self.instance, key, tags=self.tags, first=len(current))
-        except Exception as exc:  # Dagster's storage failing under the run
-            if not _db_down(exc):
+        except Exception as exc:  # Dagster's storage failing under the run, or Dagster refusing it
+            if _db_down(exc):
+                run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
+                                   error="PostgreSQL unreachable (ledger and Dagster storage); "
+                                         "start it again, then re-run the same command to resume",
+                                   error_class="LedgerUnavailable")
+            elif isinstance(exc, dg.DagsterError):  # this partition's failure, one line; the others go on
+                first_line = (str(exc).strip().splitlines() or [""])[0]
+                run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
+                                   error=f"{exc.__class__.__name__}: {first_line}", error_class=exc.__class__.__name__)
+            else:
                 raise
-            run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
-                               error="PostgreSQL unreachable (ledger and Dagster storage); "
-                                     "start it again, then re-run the same command to resume",
-                               error_class="LedgerUnavailable")
         self.report(run)
 
     def ranged(self, group: list[str]) -> None:
@@ -479,8 +484,9 @@ class PartitionLauncher:
             runs = run_range(self.job, self.instance, self.runner.ledger, group, tags=self.tags,
                              on_done=self.report, first=start_at)
         except Exception as exc:
-            if not _db_down(exc):
+            if not (_db_down(exc) or isinstance(exc, dg.DagsterError)):
                 raise
+            # Refused by Dagster as a whole: each partition runs alone below, for its own line.
             runs = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
         unfinished = [run for run in runs if not run.ok]
         if not unfinished or self.ledger_down:

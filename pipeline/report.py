@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
-from pipeline.status import views
+from pipeline.status import revisions, views
 from resources.errors import SummaryInvalid
 from resources.files import write_atomic
 from resources.keys import partition_key
@@ -40,6 +40,7 @@ from resources.ledger_views import (
     ReceiptCounts,
     ReceiptRow,
     RegionCounts,
+    StatusFilter,
     StatusSummary,
 )
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
@@ -95,6 +96,8 @@ class ReportData:
     #: One line for each held head whose stored summary does not read (assets/summaries.py): the
     #: page shows it in place of the batch's details, and `stormlake report` exits 1.
     summary_problems: list[SummaryInvalid] = dataclasses.field(default_factory=list)
+    open_day: str = ""  # the UTC day in progress: its partitions get a new revision as files land
+    open_partitions: list[OpenPartition] | None = None  # that day's partitions in the ledger
 
     @property
     def last_activity(self) -> dt.datetime | None:
@@ -104,6 +107,27 @@ class ReportData:
 
     def heads(self, status: str) -> int:
         return sum(c.heads for c in self.phase_counts if c.status == status)
+
+
+@dataclass(frozen=True)
+class OpenPartition:
+    """A partition of the day still open: how far it got and how many revisions it has had."""
+
+    region: str
+    tier: int
+    tier_label: str
+    revisions: int
+    delivered: int
+
+
+def _open_day(v: LedgerViews) -> tuple[str, list[OpenPartition]]:
+    """The day still open (the current UTC day) and its partitions, read as ``status`` reads them."""
+    from resources.landing import utc_today
+
+    today = utc_today()
+    rows = v.partitions(StatusFilter(days=(today, today)))
+    return today, [OpenPartition(r.region, r.tier, r.tier_label, revisions(r.deliveries),
+                                 sum(d["status"] == "DELIVERED" for d in r.deliveries)) for r in rows]
 
 
 def _region_names() -> dict[str, str]:
@@ -142,6 +166,7 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         "receipt_counts": lambda w: w.receipt_counts(),
         "last_delivery_at": lambda w: w.last_delivery_at(),
         "hidden_phases": lambda w: w.hidden_phases(),
+        "open_day": _open_day,
     }
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="report-read") as pool:
         pending = {name: pool.submit(read, v.sibling()) for name, read in reads.items()}
@@ -170,6 +195,8 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
         dead_letter_after=dead_letter_after,
         hidden_phases=got["hidden_phases"],
         summary_problems=problems,
+        open_day=got["open_day"][0],
+        open_partitions=got["open_day"][1],
     )
 
 

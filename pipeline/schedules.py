@@ -1,7 +1,10 @@
 """The daily schedule: yesterday's batch of every region, once the UTC day is over.
 
-``daily_storm_schedule`` runs at 03:00 UTC and asks for the partitions of the UTC day that just
-ended, every region's, in the key ranges a UI backfill's runs have
+``daily_storm_schedule`` closes the day: at 00:05 UTC it asks for the partitions of the UTC day
+that just ended, every region's, with every file landed by then. While the day was open (today
+is a partition), the landing sensor ran each new version of its files; this run makes the day's
+last revision, its final one (a changed file of a closed day later still makes a new revision,
+as late data of any past day does). Its requests come in the key ranges a UI backfill's runs have
 (:func:`pipeline.orchestrate.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
 regions a run; a day of 50 regions is 7 runs, not 50). Each run's run key is its range
 (``<first key>..<last key>``, or the partition key for a range of one), so a tick evaluated
@@ -32,17 +35,18 @@ from pipeline.orchestrate import range_run_requests
 from resources.keys import LAUNCHED_BY, partition_key
 
 OBSERVE_CRON = "*/15 * * * *"
-DAILY_HOUR_UTC = 3  # 03:00 UTC: late landing files of the previous day have had three hours
+CLOSE_CRON = "5 0 * * *"  # 00:05 UTC: the day just closed, its files as they stood at midnight
 
 
 @dg.schedule(
     name="daily_storm_schedule",
-    cron_schedule=f"0 {DAILY_HOUR_UTC} * * *",
+    cron_schedule=CLOSE_CRON,
     execution_timezone="UTC",
     job=storm_job,
     default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="At 03:00 UTC, runs yesterday's batch of every region in key ranges of neighbouring regions, as a "
-                "UI backfill does (run key: the range). Stopped by default: turn it on in the UI (Automation).",
+    description="At 00:05 UTC, closes the day just ended: runs its batch of every region in key ranges of "
+                "neighbouring regions, as a UI backfill does (run key: the range). Stopped by default: turn it on "
+                "in the UI (Automation).",
 )
 def daily_storm_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
     at = context.scheduled_execution_time or dt.datetime.now(dt.UTC)

@@ -12,7 +12,8 @@
     launch again. Before requesting, the ledger is
     asked (:meth:`PhaseRunner.preflight`, content hashes): when every phase would skip (a file was
     touched but not changed), no run is launched. Folders of unknown regions, days before
-    ``STORMLAKE_FIRST_DAY`` and days not over yet are ignored; a partition still missing a file
+    ``STORMLAKE_FIRST_DAY``, days after today and names that are not days are logged, one line each
+    (:meth:`Landing.partition_keys`); today is a partition like any other. A partition still missing a file
     waits (it is not put in the cursor, so it is looked at again on the next tick). For the new or
     changed partitions and the waiting ones, the tick also observes the ``landing_files`` source
     asset: an ``AssetObservation`` with the fingerprint of the files' contents as data version
@@ -39,18 +40,18 @@
     from, which Dagster has stored, less any event still pending in it. ``stormlake prune`` never deletes an event after that position, so
     a cursor that was not stored (a tick that died) is read again from events that still exist.
 
-``landing_sensor`` is STOPPED by default (turn it on in the UI under Automation, or with
-``dagster sensor start landing_sensor`` in the project folder): a fresh install should not start
-new work until an operator says so. ``outbox_sensor`` is RUNNING by default: it only finishes
-work already started, so a partition whose run died between phases continues without a person
-once the daemon runs. Run monitoring marks such a run failed within its poll interval
-(:data:`pipeline.instance.RUN_MONITORING_POLL_S`), and the sensor's next tick, at most
+``landing_sensor`` is RUNNING by default: the day in progress is served as its files land
+(docs/LIVE.md). ``STORMLAKE_LANDING_SENSOR=stopped`` registers it stopped, for an instance whose
+runs an operator launches by hand; the UI's toggle (Automation) or ``dagster sensor start|stop
+landing_sensor`` overrides the default either way. ``outbox_sensor`` is RUNNING by default too:
+it only finishes work already started, so a partition whose run died between phases continues
+without a person once the daemon runs. Run monitoring marks such a run failed within its poll
+interval (:data:`pipeline.instance.RUN_MONITORING_POLL_S`), and the sensor's next tick, at most
 :data:`SENSOR_INTERVAL_S` later, requests the phases after the last completed one.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 from collections import Counter
@@ -65,12 +66,16 @@ from pipeline.jobs import storm_job
 from pipeline.orchestrate import RANGE_END_TAG, RANGE_START_TAG, range_run_requests
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.keys import LAUNCHED_BY
-from resources.landing import Landing
+from resources.landing import Landing, NotAPartition, utc_today
 from resources.ledger import Event, Ledger
 from resources.ledger_resource import LedgerResource
 from resources.ledger_views import LedgerViews
+from resources.settings import load_settings
 
 SENSOR_INTERVAL_S = 30
+#: The landing sensor looks more often: during a storm a new version of today's files waits for
+#: its tick before anything runs (a tick is a stat of each partition's files).
+LANDING_INTERVAL_S = 10
 OUTBOX_BATCH = 500
 OUTBOX_READER = "outbox_sensor"  # its name in the ledger's event_readers
 NEXT_PHASE = {a.name: b for a, b in zip(PHASES, PHASES[1:], strict=False)}
@@ -82,7 +87,7 @@ class LandingScan:
     fingerprints: dict[str, str]  # the new cursor: partition key -> fingerprint
     changed: list[str]  # keys whose fingerprint is new or changed, in (day, region) order
     waiting: list[str]  # keys of complete days still missing a file
-    ignored: list[str]  # folders that are not partitions (unknown region, before the first day, today)
+    ignored: list[NotAPartition]  # folders that are not partitions, each with its reason
 
 
 def scan_landing(landing: Landing, seen: dict[str, str], *, today: str) -> LandingScan:
@@ -124,11 +129,13 @@ def _load_map(cursor: str | None) -> dict[str, str]:
 @dg.sensor(
     name="landing_sensor",
     job=storm_job,
-    minimum_interval_seconds=SENSOR_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Requests the (day, region) batches whose landing files are new or changed, in key ranges as a UI "
-                "backfill's runs (run key landing:<key>:<fingerprint>, or landing:<first>..<last>:<digest> for a "
-                "range), and observes landing_files for them. Stopped by default.",
+    minimum_interval_seconds=LANDING_INTERVAL_S,
+    default_status=(dg.DefaultSensorStatus.RUNNING if load_settings().landing_sensor == "running"
+                    else dg.DefaultSensorStatus.STOPPED),
+    description="Requests the (day, region) batches whose landing files are new or changed, today's included, in "
+                "key ranges as a UI backfill's runs (run key landing:<key>:<fingerprint>, or "
+                "landing:<first>..<last>:<digest> for a range), and observes landing_files for them. Running by "
+                "default (STORMLAKE_LANDING_SENSOR=stopped registers it stopped).",
 )
 def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource) -> dg.SensorResult:
@@ -138,7 +145,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
     seen = _load_map(context.cursor)
     regions = landing.regions()
     zone = landing.get()
-    scan = scan_landing(zone, seen, today=dt.datetime.now(dt.UTC).date().isoformat())
+    scan = scan_landing(zone, seen, today=utc_today())
     runner = None
     to_run: list[str] = []
     unchanged: list[str] = []
@@ -159,7 +166,8 @@ def landing_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource, 
     if scan.waiting:
         context.log.info(f"waiting for files of {len(scan.waiting)} partition(s): {', '.join(scan.waiting[:10])}")
     if scan.ignored:
-        context.log.debug(f"ignored {len(scan.ignored)} folder(s) that are not partitions: {', '.join(scan.ignored[:10])}")
+        for folder in scan.ignored[:10]:
+            context.log.info(f"{folder}; not requested")
     if unchanged:
         context.log.info(f"{len(unchanged)} partition(s) touched but already done for this content: "
                          f"{', '.join(unchanged[:10])}")

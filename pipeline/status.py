@@ -73,6 +73,23 @@ def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS, 
     return n
 
 
+def revisions(deliveries: list[dict[str, Any]]) -> int:
+    """How many revisions a partition has had: the most artifact ids any of its artifacts (kind and
+    target) was delivered under; each new revision supersedes the one before."""
+    ids: dict[tuple[str, str], set[str]] = {}
+    for d in deliveries:
+        ids.setdefault((d["artifact_id"].split("@")[0], d.get("target", "")), set()).add(d["artifact_id"])
+    return max((len(v) for v in ids.values()), default=0)
+
+
+def open_day_line() -> str:
+    """Which day is still open: the current UTC day, whose partitions get a new revision as files land."""
+    from resources.landing import utc_today
+
+    return (f"open: {utc_today()} (the UTC day in progress: its partitions get a new revision as files land); "
+            "every earlier day is closed")
+
+
 def _row_line(p: PartitionRow) -> str:
     cells = []
     for phase in PHASES:
@@ -85,12 +102,13 @@ def _row_line(p: PartitionRow) -> str:
     delivered = sum(d["status"] == "DELIVERED" for d in p.deliveries)
     pending = sum(d["status"] == "PENDING" for d in p.deliveries)
     return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + p.tier_label:<18} "
-            + " ".join(cells) + f" {p.signal_quality or '-':<8} {delivered}" + (f" (+{pending} pending)" if pending else ""))
+            + " ".join(cells) + f" {p.signal_quality or '-':<8} {revisions(p.deliveries):<9} {delivered}"
+            + (f" (+{pending} pending)" if pending else ""))
 
 
 def _header() -> list[str]:
     head = (f"{'day':<10}  {'region':<16} {'tier':<18} " + " ".join(f"{p.name:<11}" for p in PHASES)
-            + f" {'quality':<8} delivered")
+            + f" {'quality':<8} {'revisions':<9} delivered")
     return [head, "-" * len(head)]
 
 
@@ -127,6 +145,7 @@ def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: 
         yield from (_row_line(p) for p in rows)
         if len(rows) < summary.partitions:
             yield f"… {summary.partitions - len(rows)} more (--limit N shows more)"
+        yield open_day_line()
         yield total_line
         return None
     yield "partitions by tier: " + ", ".join(
@@ -146,5 +165,6 @@ def _table(v: LedgerViews, summary: StatusSummary, flt: StatusFilter, filtered: 
                    f"{a.state + (f' x{a.attempts}' if (a.attempts or 0) > 1 else ''):<26} {error[:120]}")
     yield ""
     yield "list partitions with --regions a,b, --days START..END, --tier N, --failed, --limit N; --json for all"
+    yield open_day_line()
     yield total_line
     return dead

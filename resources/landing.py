@@ -20,15 +20,51 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from resources import landing_layout as layout
-from resources.settings import REGION_ID_RE
+from resources.keys import partition_key
+from resources.settings import DAY_RE, REGION_ID_RE
 from resources.storage import MISSING, Storage, StoredFile, open_storage
 
 DIGEST_CACHE_SIZE = 4096  # digests a Landing remembers before it starts over
+
+
+def utc_today() -> str:
+    """The current UTC day, ``YYYY-MM-DD``: the last day of the partitions' day dimension."""
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+@dataclass(frozen=True)
+class NotAPartition:
+    """A landing folder that is not a partition, and why (one line for the operator)."""
+
+    folder: str  # landing-relative, ``<region>/<day>``
+    reason: str
+
+    def __str__(self) -> str:
+        return f"landing folder {self.folder}: {self.reason}"
+
+
+def folder_reason(region: str, day: str, *, regions: set[str], first_day: str, today: str) -> str | None:
+    """Why the landing folder ``<region>/<day>`` is not a partition, or None when it is one."""
+    if not REGION_ID_RE.match(region):
+        return "not a region id (lowercase letters, digits and _, starting with a letter)"
+    if region not in regions:
+        return "not a region of the region file (STORMLAKE_REGIONS)"
+    if not DAY_RE.match(day):
+        return "not a day (YYYY-MM-DD)"
+    try:
+        dt.date.fromisoformat(day)
+    except ValueError:
+        return "not a day of the calendar"
+    if day < first_day:
+        return f"before STORMLAKE_FIRST_DAY={first_day}"
+    if day > today:
+        return f"a day after today ({today} UTC): it becomes a partition when its UTC day begins"
+    return None
 
 
 def file_stamp(path: Path | StoredFile) -> str:
@@ -150,19 +186,50 @@ class Landing:
         self._digests[(str(path), stamp)] = digest
         return digest
 
-    def partitions(self) -> list[tuple[str, str]]:
-        """Every (day, region) with a folder in the landing zone, sorted by day then region."""
+    def folders(self) -> list[tuple[str, str]]:
+        """Every ``(folder, subfolder)`` name pair of the landing zone, sorted, whatever the names:
+        the places a partition's files may be. The reference folder and folders whose name starts
+        with ``_`` or ``.`` (the generator's ``_truth``) hold no partition and are left out.
+        Which pairs are partitions is :func:`assets.partitions.landing_keys`' call."""
         found: list[tuple[str, str]] = []
         for region in self.storage.listing()[0]:
-            if not REGION_ID_RE.match(region) or region == "reference":
+            if region == "reference" or region[:1] in ("_", "."):
                 continue
-            for day in self.storage.listing(region)[0]:
-                try:
-                    dt.date.fromisoformat(day)
-                except ValueError:
-                    continue
-                if len(day) == 10:
-                    found.append((day, region))
+            found.extend((region, day) for day in self.storage.listing(region)[0] if day[:1] != ".")
+        return sorted(found)
+
+    def partition_keys(self, regions: Iterable[str], first_day: str, *,
+                       today: str | None = None) -> tuple[list[str], list[NotAPartition]]:
+        """``(keys, rejected)``: the folders that are partitions of ``regions`` from ``first_day``
+        to ``today`` (default: the current UTC day), as keys in (day, region) order, and every
+        other folder with the reason it is not one (:func:`folder_reason`).
+
+        The one classification of landing folders: the CLI's selection, the landing sensor and
+        the observation of ``landing_files`` all start from it (without importing Dagster).
+        """
+        today, known = today or utc_today(), set(regions)
+        keys: list[tuple[str, str]] = []
+        rejected: list[NotAPartition] = []
+        for region, day in self.folders():
+            reason = folder_reason(region, day, regions=known, first_day=first_day, today=today)
+            if reason is None:
+                keys.append((day, region))
+            else:
+                rejected.append(NotAPartition(f"{region}/{day}", reason))
+        return [partition_key(day, region) for day, region in sorted(keys)], rejected
+
+    def partitions(self) -> list[tuple[str, str]]:
+        """Every (day, region) whose folder names read as a region id and a day, sorted by day
+        then region (whether they are partitions: :func:`assets.partitions.landing_keys`)."""
+        found: list[tuple[str, str]] = []
+        for region, day in self.folders():
+            if not REGION_ID_RE.match(region) or len(day) != 10:
+                continue
+            try:
+                dt.date.fromisoformat(day)
+            except ValueError:
+                continue
+            found.append((day, region))
         return sorted(found)
 
     def is_empty(self) -> bool:

@@ -66,6 +66,7 @@ class Settings:
     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
     lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
     write_together: int = DEFAULT_WRITE_TOGETHER  # small partitions of a range step written in one commit a table (1: each alone)
+    landing_sensor: str = "running"  # the landing sensor's default status: running (serve the day as it lands) or stopped
 
     @property
     def pgdata(self) -> Path:
@@ -110,7 +111,16 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
                                           DEFAULT_LAKE_LOG_RETENTION_MINUTES),
         write_together=_whole(get, "STORMLAKE_WRITE_TOGETHER", DEFAULT_WRITE_TOGETHER),
+        landing_sensor=_choice(get, "STORMLAKE_LANDING_SENSOR", ("running", "stopped")),
     )
+
+
+def _choice(get, name: str, choices: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
+    """One of ``choices`` (the first by default)."""
+    value = get(name) or choices[0]
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: use {' or '.join(choices)}")
+    return value
 
 
 def _workers(get) -> int:  # type: ignore[no-untyped-def]

@@ -278,13 +278,18 @@ def enrich_partition(outages: pd.DataFrame, weather: pd.DataFrame, customers: pd
 
         And the weather coverage the batch's signal quality is graded on (:mod:`assets.quality`):
         ``outages_with_reading`` (the nearest station reported in the outage's own hour),
-        ``station_hours`` (stations seen that day x 24) and ``station_hours_observed``.
+        ``station_hours`` (stations seen that day x the hours the feed has reached: up to its
+        last hour with a reading, so that the day in progress is not graded on hours still to
+        come; an outage in an hour no station reported is counted by ``outages_with_reading``
+        still) and ``station_hours_observed``.
     """
     names = OUTAGES_ENRICHED.names
     grid = station_hour_grid(weather, day)
     observed = grid.observed
-    coverage = {"outages_with_reading": 0, "station_hours": int(observed.size),
-                "station_hours_observed": int(observed.sum())}
+    hours = observed.any(axis=0).nonzero()[0]
+    reached = observed[:, : int(hours[-1]) + 1] if len(hours) else observed
+    coverage = {"outages_with_reading": 0, "station_hours": int(reached.size),
+                "station_hours_observed": int(reached.sum())}
     if len(outages) == 0:
         return empty_frame(OUTAGES_ENRICHED), coverage
     order = pc.sort_indices(pa.array(outages["event_id"].astype(object).to_numpy(), pa.string())).to_numpy()

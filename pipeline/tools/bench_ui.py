@@ -100,6 +100,7 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
     ledger_dsn, _ = dbs.create()
     ledger = Ledger(ledger_dsn)  # one pool for the whole poll, not a new one every look
     env = _child_env(root / name, landing, ledger_dsn)
+    env["STORMLAKE_LANDING_SENSOR"] = "stopped"  # the UI's backfill alone, not the sensor's runs of the same files
     port = _free_port()
     log = (root / f"{name}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",

@@ -24,6 +24,14 @@ Model (all distances equirectangular km, times in hours since ``start`` 00:00 UT
   their station-hours are left out of ``weather.csv``, so present grades them ``noisy`` and
   holds them (:mod:`assets.quality`). The truth lists them (``partitions[key]["noisy"]``).
 
+A storm in progress (``as_of``): every value is drawn as for the whole day, then only what was
+reported up to that moment is written: the outages reported by then (the first lines of the day's file,
+since rows are in time order; each with its ``restored_at`` as drawn, the feed's estimate), the
+weather observed by then, and no folder for a day that begins after it. Days before ``as_of``'s
+are whole. A later ``as_of`` therefore writes a longer version of the same file (the earlier one
+is its first lines), and the day's last one equals the file written without ``as_of``.
+Files are written to a temporary name and renamed into place, so a reader never sees half of one.
+
 Random streams are derived per region (reference data) and per (region, day) partition from
 ``(seed, region index, day index)``, so generating one region yields byte-identical files for
 that region as generating six.
@@ -34,6 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,13 +120,16 @@ def _fmt_ts(seconds: np.ndarray, offset_mask: np.ndarray) -> pa.Array:
 
 
 def _write_csv(path: Path, header: Sequence[str], columns: Sequence[pa.Array]) -> None:
-    """Write string columns as CSV lines by joining in Arrow (fast, no quoting: values never need it)."""
+    """Write string columns as CSV lines by joining in Arrow (fast, no quoting: values never need it),
+    to a temporary name renamed into place (a sensor may read the landing zone meanwhile)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = pc.binary_join_element_wise(pc.binary_join_element_wise(*columns, ","), "", "\n")
     lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset: lines.offset + len(lines) + 1]
     body = lines.buffers()[2].to_pybytes()[offsets[0]: offsets[-1]] if len(lines) else b""
-    path.write_bytes((",".join(header) + "\n").encode() + body)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes((",".join(header) + "\n").encode() + body)
+    os.replace(tmp, path)
 
 
 def _reference(region: Region, ri: int, seed: int) -> dict:
@@ -169,8 +181,11 @@ def _plant_clusters(ref: dict, exposure: np.ndarray, rng: np.random.Generator) -
 
 
 def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict, *, seed: int,
-               n_rows: int, bad_rows: float, noisy: float = 0.0) -> dict:
-    """Write one partition's outages.csv and weather.csv; return its ground truth."""
+               n_rows: int, bad_rows: float, noisy: float = 0.0, cutoff: int | None = None) -> dict:
+    """Write one partition's outages.csv and weather.csv; return its ground truth.
+
+    ``cutoff``: epoch seconds; only the rows reported (observed) up to it are written.
+    """
     rng_cl, rng, rng_wx = (np.random.default_rng(s) for s in np.random.SeedSequence([seed, 1, ri, di]).spawn(3))
     # its own stream, so the knob never changes what the other streams draw
     is_noisy = bool(noisy > 0 and np.random.default_rng([seed, 2, ri, di]).random() < noisy)
@@ -180,13 +195,18 @@ def _partition(root: Path, region: Region, ri: int, day: str, di: int, ref: dict
     rid = region.region_id
     weight, clusters = _outage_weights(ref, di, seed, rng_cl)
     outages = _draw_outages(region, ref, day, day0, weight, n_rows, rng)
-    for cl in clusters:
-        cl["outages"] = int(np.isin(outages.cell_ix, cl.pop("_ix")).sum())
     rel = partition_file(rid, day, OUTAGES_FILE)
     bad_pos, new_lines, truth_bad = _corrupt(outages, region, day, rel, bad_rows, rng)
+    if cutoff is not None:  # drawn for the whole day, cut to what was reported by then
+        outages, n_rows = outages.reported_by(cutoff)
+        kept = bad_pos < n_rows
+        bad_pos, new_lines = bad_pos[kept], [line for line, k in zip(new_lines, kept, strict=True) if k]
+        truth_bad = [t for t, k in zip(truth_bad, kept, strict=True) if k]
+    for cl in clusters:
+        cl["outages"] = int(np.isin(outages.cell_ix, cl.pop("_ix")).sum())
     _write_outages(root / rel, outages.cols, bad_pos, new_lines)
     n_wx = _weather(root / partition_file(rid, day, WEATHER_FILE), region, rid, day0, di, ref, seed, rng_wx,
-                    gap=NOISY_WEATHER_GAP if is_noisy else 0.0)
+                    gap=NOISY_WEATHER_GAP if is_noisy else 0.0, cutoff=cutoff)
     n_bad = len(bad_pos)
     return {"region_id": rid, "day": day, "rows": {"outages": n_rows, "bad": n_bad, "good": n_rows - n_bad,
                                                   "weather": n_wx},
@@ -217,6 +237,12 @@ class _Outages:
     cell_ix: np.ndarray  # the cell of each row (an index into the region's cells)
     secs: np.ndarray  # reported_at of each row, epoch seconds
     customers_out: np.ndarray
+
+    def reported_by(self, cutoff: int) -> tuple[_Outages, int]:
+        """The rows reported up to ``cutoff`` (epoch seconds; a prefix, rows are in time order), and their number."""
+        n = int(np.searchsorted(self.secs, cutoff, side="right"))
+        return _Outages({k: v[:n] for k, v in self.cols.items()}, self.cell_ix[:n], self.secs[:n],
+                        self.customers_out[:n]), n
 
 
 def _draw_outages(region: Region, ref: dict, day: str, day0: int, weight: np.ndarray, n_rows: int,
@@ -309,9 +335,10 @@ def _write_outages(path: Path, cols: dict[str, pa.Array], bad_pos: np.ndarray, n
 
 
 def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict, seed: int,
-             rng: np.random.Generator, *, gap: float = 0.0) -> int:
+             rng: np.random.Generator, *, gap: float = 0.0, cutoff: int | None = None) -> int:
     """One observation per station per hour on a STATION_GRID x STATION_GRID grid inside the box
-    (``gap``: the share of station-hours left out, drawn after every other value)."""
+    (``gap``: the share of station-hours left out, drawn after every other value; ``cutoff``:
+    only the observations up to it, epoch seconds)."""
     frac = (np.arange(STATION_GRID) + 0.5) / STATION_GRID
     glat, glon = np.meshgrid(region.min_lat + frac * (region.max_lat - region.min_lat),
                              region.min_lon + frac * (region.max_lon - region.min_lon), indexing="ij")
@@ -337,13 +364,18 @@ def _weather(path: Path, region: Region, rid: str, day0: int, di: int, ref: dict
         keep[:, 0] = True
         mask = pa.array(keep.ravel())
         columns = [c.filter(mask) for c in columns]
+        secs = secs.ravel()[keep.ravel()]
+    if cutoff is not None:
+        mask = pa.array(secs.ravel() <= cutoff)
+        columns = [c.filter(mask) for c in columns]
     _write_csv(path, WEATHER_CSV_COLUMNS, columns)
     return len(columns[0])
 
 
 def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2, start: str = "2026-09-01",
                       rows_per_partition: int = 20_000, seed: int = 7, bad_rows: float = 0.002,
-                      noisy: float = 0.0, progress: Callable[[str, int, int], None] | None = None) -> dict:
+                      noisy: float = 0.0, as_of: dt.datetime | None = None,
+                      progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Write a synthetic storm scenario into ``landing`` and return its ground truth.
 
     Args:
@@ -355,6 +387,8 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
         seed: master seed; same arguments give byte-identical files.
         bad_rows: fraction of outage rows corrupted in place (recorded in the truth).
         noisy: probability that a partition is noisy (see the module docstring); 0 for none.
+        as_of: a moment (with a time zone): write only the rows reported up to it, and no day
+            that begins after it (a storm in progress; see the module docstring).
         progress: called as ``progress("partitions", done, total)`` after each partition.
 
     Returns:
@@ -369,20 +403,25 @@ def generate_scenario(landing: Path, regions: Sequence[Region], *, days: int = 2
         refs.append(ref)
     customers_rows = _write_reference(landing, regions, refs)
     parts: dict[str, dict] = {}
-    total, done = len(regions) * days, 0
+    cutoff = int(as_of.timestamp()) if as_of is not None else None
+    day_starts = [dt.datetime.combine(start_day + dt.timedelta(days=di), dt.time(), dt.UTC) for di in range(days)]
+    # a day that begins after as_of has nothing reported yet: no folder
+    written = [di for di in range(days) if cutoff is None or int(day_starts[di].timestamp()) <= cutoff]
+    total, done = len(regions) * len(written), 0
     for ri, (region, ref) in enumerate(zip(regions, refs, strict=True)):
-        for di in range(days):
-            day = (start_day + dt.timedelta(days=di)).isoformat()
+        for di in written:
+            day = day_starts[di].date().isoformat()
             parts[f"{region.region_id}/{day}"] = _partition(landing, region, ri, day, di, ref, seed=seed,
                                                             n_rows=rows_per_partition, bad_rows=bad_rows,
-                                                            noisy=noisy)
+                                                            noisy=noisy, cutoff=cutoff)
             done += 1
             if progress is not None:
                 progress("partitions", done, total)
     truth = {
         "seed": seed,
         "params": {"days": days, "start": start, "rows_per_partition": rows_per_partition, "bad_rows": bad_rows,
-                   "noisy": noisy, "regions": [r.region_id for r in regions], "h3_resolution": RES},
+                   "noisy": noisy, "regions": [r.region_id for r in regions], "h3_resolution": RES,
+                   **({"as_of": as_of.astimezone(dt.UTC).isoformat()} if as_of is not None else {})},
         "storm": {"track": _storm_track(regions[0], start_day, days, seed)},
         "reference": {"cells": {r.region_id: len(ref["cells"]) for r, ref in zip(regions, refs, strict=True)},
                       "customers_rows": customers_rows, "terrain_rows": sum(len(ref["cells"]) for ref in refs)},

@@ -110,6 +110,8 @@ def dagster_dev(sl_env: dict[str, str], tmp_path: Path) -> Iterator[Dagster]:
     prepare_dagster_home(load_settings())
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # These tests launch runs themselves and turn the sensors on when they mean to.
+    env["STORMLAKE_LANDING_SENSOR"] = "stopped"
     port = free_port()
     log = tmp_path / "dagster-dev.log"
     with log.open("wb") as out:

@@ -112,7 +112,7 @@ def test_daily_schedule_evaluates_through_the_code_location() -> None:
     from pipeline.definitions import defs
 
     schedule = defs.resolve_schedule_def("daily_storm_schedule")
-    assert schedule.cron_schedule == "0 3 * * *"
+    assert schedule.cron_schedule == "5 0 * * *"  # the day just closed, five minutes after midnight UTC
     assert schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     data = schedule.evaluate_tick(dg.build_schedule_context(
@@ -135,9 +135,9 @@ def _write(path: Path, text: str) -> None:
 
 def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[str, str], instance) -> None:
     landing = Path(sl_env["STORMLAKE_HOME"]) / "landing"
-    # Folders that are not partitions: an unknown region, a day before the first day, today.
-    today = dt.datetime.now(UTC).date().isoformat()
-    for folder in ("atlantis/2026-09-01", "gulf_coast/2026-08-31", f"gulf_coast/{today}"):
+    # Folders that are not partitions: an unknown region, a day before the first day, tomorrow.
+    tomorrow = (dt.datetime.now(UTC).date() + dt.timedelta(days=1)).isoformat()
+    for folder in ("atlantis/2026-09-01", "gulf_coast/2026-08-31", f"gulf_coast/{tomorrow}"):
         for name in ("outages.csv", "weather.csv"):
             _write(landing / folder / name, (landing / "gulf_coast/2026-09-01" / name).read_text())
     # A complete past day still missing its weather file: waits, is not requested, not in the cursor.
@@ -182,7 +182,7 @@ def test_landing_sensor_requests_new_and_changed_partitions_only(sl_env: dict[st
     pine = next(r for r in fourth.run_requests if r.partition_key == "2026-09-01|pine_belt")
     assert pine.run_key == f"landing:2026-09-01|pine_belt:{new_cursor['2026-09-01|pine_belt']}"
     assert pine.run_key not in {r.run_key for r in first.run_requests}
-    assert "atlantis" not in fourth.cursor and "2026-08-31" not in fourth.cursor and today not in fourth.cursor
+    assert "atlantis" not in fourth.cursor and "2026-08-31" not in fourth.cursor and tomorrow not in fourth.cursor
 
 
 def test_a_range_the_landing_sensor_requests_runs_each_of_its_partitions(sl_env: dict[str, str], instance) -> None:
@@ -455,12 +455,13 @@ def test_failing_grader_stops_downstream_and_commits_nothing(sl_env: dict[str, s
     assert heads["enrich"].attempt == 2
 
 
-def test_the_landing_sensor_is_registered_stopped_and_the_outbox_sensor_running() -> None:
-    """New work waits for an operator; work already started is continued without one."""
+def test_both_sensors_are_registered_running() -> None:
+    """Landed files are run as they come (the day in progress); work already started is continued
+    without a person."""
     from pipeline.definitions import defs
 
     status = {name: defs.resolve_sensor_def(name).default_status for name in ("landing_sensor", "outbox_sensor")}
-    assert status == {"landing_sensor": dg.DefaultSensorStatus.STOPPED, "outbox_sensor": dg.DefaultSensorStatus.RUNNING}
+    assert status == {"landing_sensor": dg.DefaultSensorStatus.RUNNING, "outbox_sensor": dg.DefaultSensorStatus.RUNNING}
     assert {defs.resolve_sensor_def(name).job_name for name in status} == {"storm_job"}
 
 
@@ -477,6 +478,17 @@ def test_a_dead_run_is_found_within_the_stated_bound(sl_env: dict[str, str], ins
     assert config["run_monitoring"]["poll_interval_seconds"] == RUN_MONITORING_POLL_S
     assert outbox_sensor.minimum_interval_seconds == SENSOR_INTERVAL_S
     assert RUN_MONITORING_POLL_S + SENSOR_INTERVAL_S <= 60
+
+
+def test_stormlake_landing_sensor_stopped_registers_it_stopped(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = "from pipeline.definitions import defs; print(defs.resolve_sensor_def('landing_sensor').default_status)"
+    env = {**os.environ, "STORMLAKE_LANDING_SENSOR": "stopped", "STORMLAKE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("STOPPED"), out.stdout
 
 
 # ---- the instance ------------------------------------------------------------------------------

@@ -447,3 +447,18 @@ def test_station_grid_takes_each_hours_strongest_reading_and_each_stations_first
         assert grid.gust[0, 1] == 25.0 and grid.gust[1, 3] == 30.0 and grid.gust[1, 0] == 8.0
         assert grid.rain_obs[1, 3] == 1.0 and np.isnan(grid.rain_obs[1, 2])
         assert grid.gust[1, 1] == 8.0 and grid.gust[1, 2] == 30.0  # missing hours: the nearest, ties earlier
+
+
+def test_weather_coverage_counts_the_hours_the_feed_has_reached() -> None:
+    """The day in progress: a feed that has reached 10:00 is graded on hours 0-10, not on the 24."""
+    lat, lon = 30.5, -89.5
+    customers, terrain = _refs(_cell(lat, lon))
+    outages = _outages([("e1", lat, lon, "2026-09-01T09:20:00Z", None)])
+    rows = [(st, lat + i * 0.1, lon, f"2026-09-01T{h:02d}:05:00Z", 20.0, 1.0)
+            for i, st in enumerate(("s1", "s2")) for h in range(11)]
+    coverage = enrich_partition(outages, _weather(rows), customers, terrain, region=REGION, day=DAY)[1]
+    assert (coverage["station_hours"], coverage["station_hours_observed"]) == (2 * 11, 2 * 11)
+    # A gap inside the hours reached still counts: s2 silent at 04:00.
+    gap = [r for r in rows if not (r[0] == "s2" and r[3].startswith("2026-09-01T04"))]
+    coverage = enrich_partition(outages, _weather(gap), customers, terrain, region=REGION, day=DAY)[1]
+    assert (coverage["station_hours"], coverage["station_hours_observed"]) == (2 * 11, 2 * 11 - 1)

@@ -239,3 +239,54 @@ def test_noisy_partitions_are_planted_on_their_own_stream(tmp_path: Path, region
         assert len(rows) == part["rows"]["weather"] and len({r["station_id"] for r in rows}) == stations
         missing = 1 - len(rows) / (stations * 24)
         assert NOISY_WEATHER_GAP - 0.15 < missing < NOISY_WEATHER_GAP + 0.15
+
+
+def test_as_of_writes_what_was_reported_by_then_and_a_later_time_a_longer_version(
+        tmp_path: Path, regions: list[Region]) -> None:
+    def at(hour: int, minute: int = 0) -> dt.datetime:
+        return dt.datetime(2026, 9, 2, hour, minute, tzinfo=dt.UTC)
+
+    args = {"days": 3, "rows_per_partition": 3000, "seed": 5, "bad_rows": 0.01}
+    full = generate_scenario(tmp_path / "full", regions[:1], **args)
+    ten = generate_scenario(tmp_path / "ten", regions[:1], as_of=at(10), **args)
+    again = generate_scenario(tmp_path / "again", regions[:1], as_of=at(10), **args)
+    noon = generate_scenario(tmp_path / "noon", regions[:1], as_of=at(12, 30), **args)
+    end = generate_scenario(tmp_path / "end", regions[:1], as_of=at(23, 59) + dt.timedelta(seconds=59), **args)
+    assert ten == again and _files(tmp_path / "ten") == _files(tmp_path / "again")  # deterministic
+    rid = regions[0].region_id
+    # The day after as_of has not begun: no folder; the day before it is whole.
+    assert sorted(ten["partitions"]) == [f"{rid}/2026-09-01", f"{rid}/2026-09-02"]
+    assert not (tmp_path / "ten" / rid / "2026-09-03").exists()
+    for name in ("outages.csv", "weather.csv"):
+        whole = (tmp_path / "full" / rid / "2026-09-01" / name).read_bytes()
+        assert (tmp_path / "ten" / rid / "2026-09-01" / name).read_bytes() == whole
+        # The day's last version is the file written without as_of.
+        assert (tmp_path / "end" / rid / "2026-09-02" / name).read_bytes() == \
+            (tmp_path / "full" / rid / "2026-09-02" / name).read_bytes()
+    assert end["partitions"][f"{rid}/2026-09-02"] == full["partitions"][f"{rid}/2026-09-02"]
+
+    def rows(root: str, name: str) -> list[dict[str, str]]:
+        with (tmp_path / root / rid / "2026-09-02" / name).open(newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    for root, cut in (("ten", at(10)), ("noon", at(12, 30))):
+        out, wx = rows(root, "outages.csv"), rows(root, "weather.csv")
+        truth = {"ten": ten, "noon": noon}[root]["partitions"][f"{rid}/2026-09-02"]
+        assert len(out) == truth["rows"]["outages"] and len(wx) == truth["rows"]["weather"]
+        good = [r for r in out if r["event_id"] and len(r) == len(OUTAGES_CSV_COLUMNS)]
+        for r in good:
+            try:
+                reported = _ts(r["reported_at"])
+            except ValueError:
+                continue  # a planted unparseable time
+            if reported.date().isoformat() == "2026-09-02":
+                assert reported <= cut, r
+        assert all(_ts(r["observed_at"]) <= cut for r in wx)
+    # A later time: the same rows first, then more; the earlier file's event ids are a prefix.
+    ten_out, noon_out = rows("ten", "outages.csv"), rows("noon", "outages.csv")
+    assert 0 < len(ten_out) < len(noon_out) < 3000
+    assert [r["event_id"] for r in ten_out] == [r["event_id"] for r in noon_out[:len(ten_out)]]
+    # Outages are in time order: the earlier version is the first lines of the later.
+    early = (tmp_path / "ten" / rid / "2026-09-02" / "outages.csv").read_bytes()
+    assert (tmp_path / "noon" / rid / "2026-09-02" / "outages.csv").read_bytes().startswith(early)
+    assert len(rows("ten", "weather.csv")) < len(rows("noon", "weather.csv"))
