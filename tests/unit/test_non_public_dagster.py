@@ -114,7 +114,7 @@ def non_public_uses() -> dict[str, set[str]]:
                 receiver = _receiver(n.value)
                 if n.attr.startswith("_") and n.attr not in own and _defined_by_dagster(n.attr):
                     found.append(f".{n.attr}")
-                elif receiver.endswith("_storage"):
+                elif receiver.endswith("_storage") and not isinstance(n.value, ast.Call):  # not open_storage(...)
                     found.append(f"DagsterInstance.{receiver}.{n.attr}")
                 elif "instance" in receiver.lower() and _instance_member_is_public(n.attr) is False:
                     found.append(f"DagsterInstance.{n.attr}")
