@@ -66,13 +66,11 @@ from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLa
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from resources import dagster_compat, processes
+from resources.keys import HOST_TAG, PID_STARTED_TAG, PID_TAG
 
 if TYPE_CHECKING:
     from resources.settings import Settings
 
-PID_TAG = "stormlake/run_worker_pid"
-PID_STARTED_TAG = "stormlake/run_worker_started"  # the worker's start time (resources.processes.started)
-HOST_TAG = "stormlake/run_worker_host"
 #: The modules the zygote imports before its first fork: the code location and what its phases
 #: import only when they run (the report's drawing, Delta writes).
 WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.pictures",

@@ -2,7 +2,7 @@
 
 ``daily_storm_schedule`` runs at 03:00 UTC and asks for the partitions of the UTC day that just
 ended, every region's, in the key ranges a UI backfill's runs have
-(:func:`pipeline.orchestrate.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
+(:func:`assets.plan.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
 regions a run; a day of 50 regions is 7 runs, not 50). Each run's run key is its range
 (``<first key>..<last key>``, or the partition key for a range of one), so a tick evaluated
 twice (daemon restart, a manual "test tick") never launches a partition twice. The run
@@ -27,8 +27,8 @@ import datetime as dt
 import dagster as dg
 
 from assets.partitions import first_day, region_ids
+from assets.plan import range_run_requests
 from pipeline.jobs import observe_landing, storm_job
-from pipeline.orchestrate import range_run_requests
 from resources.keys import LAUNCHED_BY, partition_key
 
 OBSERVE_CRON = "*/15 * * * *"

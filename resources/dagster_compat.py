@@ -43,18 +43,6 @@ def data_version_tag() -> str:
     return DATA_VERSION_TAG
 
 
-def partition_range_tags() -> tuple[str, str]:
-    """The (start, end) tags that make a run a partition key range run.
-
-    ``JobDefinition.execute_in_process`` takes one ``partition_key`` and no range; these tags
-    (what the UI and the daemon put on a range run, ``dagster._core.storage.tags``) are the only
-    way to run a key range in process.
-    """
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
-    return ASSET_PARTITION_RANGE_START_TAG, ASSET_PARTITION_RANGE_END_TAG
-
-
 def step_error_wrappers() -> frozenset[str]:
     """Class names Dagster wraps a step's own exception in.
 

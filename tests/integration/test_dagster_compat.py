@@ -32,8 +32,6 @@ def _fail(what: str, relied_on_by: str) -> str:
 # (dotted module, attribute path, parameters that must be there, compat function relying on it)
 PRIVATE = [
     ("dagster._core.definitions.data_version", "DATA_VERSION_TAG", None, "data_version_tag"),
-    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_START_TAG", None, "partition_range_tags"),
-    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_END_TAG", None, "partition_range_tags"),
     ("dagster._core.execution.plan.utils", "RetryRequestedFromPolicy", None, "step_error_wrappers"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.get_latest_tags_by_partition",
      ("asset_key", "event_type", "tag_keys", "asset_partitions"), "latest_observation_versions"),
@@ -119,6 +117,25 @@ def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.Da
     ensure_pools(dagster_db)
     with dg.DagsterInstance.get() as inst:
         yield inst
+
+
+def test_the_range_tags_are_the_ones_dagster_runs_a_key_range_by(instance: dg.DagsterInstance) -> None:
+    """``resources.keys.RANGE_START_TAG``/``RANGE_END_TAG`` are Dagster's own values: a run made
+    with them in process covers the key range."""
+    from resources.keys import RANGE_END_TAG, RANGE_START_TAG
+
+    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
+    seen: list[list[str]] = []
+
+    @dg.asset(partitions_def=parts)
+    def ranged(context) -> None:  # noqa: ANN001 - Dagster reads the annotation, a string here
+        seen.append(list(context.partition_keys))
+
+    job = dg.Definitions(assets=[ranged]).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: "a", RANGE_END_TAG: "b"})
+    assert result.success and seen == [["a", "b"]], (
+        f"Dagster {VERSION}: a run tagged {RANGE_START_TAG}/{RANGE_END_TAG} no longer covers that key range; "
+        "resources/keys.py names Dagster's range tags (dagster._core.storage.tags)")
 
 
 def test_the_data_version_tag_is_the_one_dagster_reads() -> None:

@@ -116,7 +116,7 @@ def test_the_warm_process_forks_a_worker_per_run_and_is_replaced_when_the_code_c
 
 
 def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  # noqa: ANN001
-    from pipeline.launcher import HOST_TAG, PID_STARTED_TAG, PID_TAG
+    from resources.keys import HOST_TAG, PID_STARTED_TAG, PID_TAG
 
     warm = instance.run_launcher
     here = socket.gethostname()
@@ -166,8 +166,8 @@ def test_a_cli_run_is_reaped_when_its_process_is_gone_or_its_pid_taken(instance)
     """``reap_dead_cli_runs`` fails the STARTED runs of CLI processes that died, and only those: a
     run whose pid a later process got (another start time) is dead too; a run of a live process,
     or of another host, is kept. A run tagged before start times were recorded goes by its pid."""
-    from pipeline.orchestrate import HOST_TAG, PID_STARTED_TAG, PID_TAG, reap_dead_cli_runs
-    from resources.keys import LAUNCHED_BY
+    from pipeline.orchestrate import reap_dead_cli_runs
+    from resources.keys import HOST_TAG, LAUNCHED_BY, PID_STARTED_TAG, PID_TAG
     from resources.processes import started
 
     here = socket.gethostname()

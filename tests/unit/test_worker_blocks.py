@@ -13,18 +13,17 @@ import dagster as dg
 import pytest
 
 from assets.partitions import PARTITIONS
-from pipeline.orchestrate import (
+from assets.plan import (
     MAX_PARTITIONS_PER_RUN,
     MAX_SMALL_PARTITIONS_PER_RUN,
-    RANGE_START_TAG,
     RUN_LANDING_BYTES,
-    _pin,
     contiguous_groups,
     partitions_per_run,
     range_run_requests,
     worker_blocks,
-    worker_cores,
 )
+from pipeline.orchestrate import _pin, worker_cores
+from resources.keys import RANGE_START_TAG
 from tests.helpers import requested_keys
 
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont", "blue_ridge", "tidewater")  # the region file's order
