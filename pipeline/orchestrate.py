@@ -368,60 +368,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]] | None:
-    """The core each of ``workers`` processes keeps to, or None to let them all run anywhere.
-
-    Each process gets a core of its own when the workers fill every core this process may use
-    (``allowed``: by default its own CPU affinity, Linux only), as the default of one worker a
-    core does; else none is pinned. Fewer workers than cores run free: another program, or a
-    second backfill, pinned the same way, would otherwise share their first cores while the
-    others idle.
-
-    A worker running free moves between cores, and so do its helper threads (the lake's
-    writers, Arrow's and delta-rs's pools). Two workers left to the scheduler spent 44 % more
-    time in their phase attempts than one process alone on the same partitions; each held to
-    its core, 19 % more (the bench's 16 partitions of 20,000 rows). ``stormlake backfill
-    --workers 2`` of them, alternating: 8.77 / 8.93 / 8.34 s pinned against 9.69 / 10.28 /
-    9.85 s free. PostgreSQL's processes are not pinned and take whichever core is free.
-
-    Example:
-        >>> worker_cores(2, {0, 1})
-        [{0}, {1}]
-        >>> worker_cores(2, {0, 1, 2, 3}) is None
-        True
-    """
-    if allowed is None:
-        if not hasattr(os, "sched_getaffinity"):
-            return None
-        allowed = os.sched_getaffinity(0)
-    if workers <= 1 or len(allowed) != workers:
-        return None
-    return [{core} for core in sorted(allowed)]
-
-
-def _pin(cores: set[int] | None) -> None:
-    """Keep every thread of this process to ``cores``: those running now (Arrow's and delta-rs's
-    pools start theirs early) and, as each new thread takes its starter's, every one to come."""
-    if cores is None:
-        return
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]  # the calling thread only
-    for tid in threads:
-        with contextlib.suppress(OSError):  # gone meanwhile, or not allowed here: left as it is
-            os.sched_setaffinity(tid, cores)
-
-
-def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None,  # noqa: ANN001 - multiprocessing queues
-            cores: set[int] | None = None) -> None:
+def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None) -> None:  # noqa: ANN001 - queues
     """One worker process: run blocks of keys until there are none, every finished partition
-    reported on ``results``; ``None`` last (or the error that stopped it). ``cores``: the cores
-    it keeps to (:func:`worker_cores`)."""
+    reported on ``results``; ``None`` last (or the error that stopped it)."""
     from pipeline.console import quiet_console
 
     _die_with_parent()
-    _pin(cores)
     quiet_console()
     try:
         while (block := tasks.get()) is not None:
@@ -469,9 +421,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     This process is one of them: it takes blocks from the same queue as the ``workers - 1``
     processes it starts (:func:`_worker_context`). A thread of this process reports what the
     others finish. Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps
-    every phase exactly-once whichever process runs it. When the processes fill every core,
-    each keeps to one of its own (:func:`worker_cores`). Once PostgreSQL is gone, no further
-    block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
+    every phase exactly-once whichever process runs it; the operating system places the
+    processes on the cores. Once PostgreSQL is gone, no further block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
     """
     import threading
 
@@ -490,14 +441,11 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     n = min(workers, len(blocks))
     for _ in range(n):
         tasks.put(None)  # one end marker per consumer: the n - 1 processes and this one
-    cores = worker_cores(n) or [None] * n
-    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force, cores[i]),
+    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force),
                          name=f"stormlake-worker-{i}")
              for i in range(1, n)]
     for proc in procs:
         proc.start()
-    own_cores = os.sched_getaffinity(0) if cores[0] is not None else None
-    _pin(cores[0])  # this process is the first worker (its threads to come keep to its core too)
     runs: list[PartitionRun] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -539,7 +487,6 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-        _pin(own_cores)  # free again: whatever this process does next may use every core
     if progress:
         progress.close()
     if errors:
