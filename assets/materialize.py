@@ -28,7 +28,6 @@ from assets.phases import Phase
 from assets.plan import BACKFILL_POLICY, MAX_PARTITIONS_PER_RUN
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
-from resources import dagster_compat
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.errors import StormlakeError
 from resources.keys import (
@@ -399,9 +398,9 @@ def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes:
     phase_metas = [outcome_metadata(o) for o in outcomes]
     keys = context.partition_keys
     for table in phase.tables:
-        dagster_compat.add_asset_metadata(context, (
-            (table, key, table_metadata(outcome, table, lake, phase_meta))
-            for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True)))
+        for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True):
+            context.add_asset_metadata(table_metadata(outcome, table, lake, phase_meta), asset_key=table,
+                                       partition_key=key)
         yield dg.MaterializeResult(asset_key=table, metadata={
             "partitions": len(outcomes),
             "completed": sum(o.status == "COMPLETED" for o in outcomes),

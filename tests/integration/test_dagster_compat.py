@@ -69,13 +69,6 @@ PRIVATE = [
       "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph"), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_execution_plan_snapshot", ("snapshot_id",), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
-    ("dagster._core.execution.context.metadata_logging", "AssetMetadataHandle", None, "add_asset_metadata"),
-    ("dagster._core.execution.context.metadata_logging", "OutputMetadataAccumulator.per_output_metadata", None,
-     "add_asset_metadata"),
-    ("dagster._core.events", "DagsterEvent.asset_observation", ("step_context", "observation", "batch_metadata"),
-     "log_observations"),
-    ("dagster._core.events", "DagsterEventBatchMetadata", None, "log_observations"),
-    ("dagster._core.events", "generate_event_batch_id", None, "log_observations"),
 ]
 
 
@@ -244,57 +237,6 @@ def _run_events(dsn: str, run_id: str) -> list[tuple[str, str, str | None]]:
         checks = conn.execute("SELECT 'check', asset_key || check_name, partition FROM asset_check_executions"
                               " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
     return sorted(rows) + sorted(checks)
-
-
-def _metadata_job(extra: list[tuple[str, str]]) -> dg.JobDefinition:
-    """A range step of two assets that observes a source asset's partitions and adds metadata to
-    each (asset, partition) it materializes through the compat helpers, plus the ``extra`` ones."""
-    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
-
-    @dg.multi_asset(specs=[dg.AssetSpec("t1", partitions_def=parts), dg.AssetSpec("t2", partitions_def=parts)],
-                    partitions_def=parts, can_subset=False)
-    def phase(context):  # noqa: ANN001, ANN202 - a string annotation (future import) is refused by Dagster
-        keys = context.partition_keys
-        compat.log_observations(context, [dg.AssetObservation(asset_key="src", partition=k, metadata={"seen": k})
-                                          for k in keys])
-        for table in ("t1", "t2"):
-            compat.add_asset_metadata(context, [(table, k, {"which": f"{table}/{k}"}) for k in keys]
-                                      + [(t, k, {"which": "extra"}) for t, k in extra if t == table])
-            yield dg.MaterializeResult(asset_key=table, metadata={"partitions": len(keys)})
-
-    return dg.Definitions(assets=[phase], jobs=[dg.define_asset_job("j", partitions_def=parts)]).resolve_job_def("j")
-
-
-def test_a_range_step_s_metadata_and_observations_go_in_at_once(instance: dg.DagsterInstance,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """``add_asset_metadata``: each (asset, partition) of a range step gets its own metadata, as
-    Dagster's ``context.add_asset_metadata`` gives it; one the step does not materialize fails
-    the step with Dagster's own error. ``log_observations``: every observation is stored (one
-    batch), and is among the step's events."""
-    from pipeline.instance import EVENT_BATCH_ENV, EVENT_BATCH_SIZE
-
-    monkeypatch.setenv(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))
-    tags = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "b"}
-    result = _metadata_job([]).execute_in_process(instance=instance, tags=tags)
-    assert result.success
-    mats = {(m.asset_key.to_user_string(), m.partition): m.metadata for m in (
-        e.step_materialization_data.materialization for e in result.all_events if e.is_step_materialization)}
-    assert set(mats) == {(t, k) for t in ("t1", "t2") for k in "ab"}
-    for (table, key), meta in mats.items():
-        assert meta["which"].value == f"{table}/{key}" and meta["partitions"].value == 2, _fail(
-            f"the metadata of {table} {key} reads {dict(meta)}", "add_asset_metadata")
-    logged = [e.asset_observation_data.asset_observation for e in result.all_events
-              if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
-    assert sorted(o.partition for o in logged) == ["a", "b"], _fail("the step's observations are not its events",
-                                                                    "log_observations")
-    stored = instance.fetch_observations(dg.AssetKey("src"), limit=10).records
-    assert sorted((r.partition_key, r.asset_observation.metadata["seen"].value) for r in stored) == [
-        ("a", "a"), ("b", "b")], _fail("the observations were not stored", "log_observations")
-
-    failed = _metadata_job([("t2", "c")]).execute_in_process(instance=instance, tags=tags, raise_on_error=False)
-    assert not failed.success
-    errors = [e.step_failure_data.error for e in failed.all_events if e.is_step_failure]
-    assert errors and "'c' that is not being targeted" in str(errors[0].cause or errors[0]), errors
 
 
 def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,

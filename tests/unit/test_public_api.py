@@ -24,9 +24,7 @@ COMPAT = "resources/dagster_compat.py"
 #: symbol -> the files using it. The target is at most five symbols, all in the compat module; the
 #: uses outside it go with the run coordinator's cutting and cloning of ranges and the warm launcher.
 EXPECTED: dict[str, set[str]] = {
-    "_events": {"resources/dagster_compat.py"},
     "_instance": {"pipeline/launcher.py"},
-    "_step_execution_context": {"resources/dagster_compat.py"},
     "add_run_tags": {"assets/materialize.py", "pipeline/launcher.py", "pipeline/range_runs.py"},
     "create_run": {"resources/dagster_compat.py"},
     "dagster._cli.api._execute_run_command_body": {"resources/dagster_compat.py"},
@@ -35,8 +33,6 @@ EXPECTED: dict[str, set[str]] = {
     "dagster._core.events.DagsterEvent": {"resources/dagster_compat.py"},
     "dagster._core.events.DagsterEventBatchMetadata": {"resources/dagster_compat.py"},
     "dagster._core.events.generate_event_batch_id": {"resources/dagster_compat.py"},
-    "dagster._core.execution.context.metadata_logging.AssetMetadataHandle": {"resources/dagster_compat.py"},
-    "dagster._core.execution.context.metadata_logging.OutputMetadataAccumulator": {"resources/dagster_compat.py"},
     "dagster._core.execution.plan.utils.RetryRequestedFromPolicy": {"resources/dagster_compat.py"},
     "dagster._core.launcher.CheckRunHealthResult": {"pipeline/launcher.py"},
     "dagster._core.launcher.LaunchRunContext": {"pipeline/launcher.py"},
@@ -55,7 +51,6 @@ EXPECTED: dict[str, set[str]] = {
     "get_job_snapshot": {"resources/dagster_compat.py"},
     "get_run_group": {"assets/materialize.py", "pipeline/range_runs.py"},
     "get_step_execution_context": {"resources/dagster_compat.py"},
-    "op_execution_context": {"resources/dagster_compat.py"},
     "optimize_for_webserver": {"resources/dagster_compat.py"},
     "report_dagster_event": {"resources/dagster_compat.py"},
     "report_engine_event": {"pipeline/launcher.py", "pipeline/range_runs.py"},
