@@ -1,4 +1,4 @@
-"""Run partitions through Dagster from the command line, with a progress display.
+"""Run partitions through Dagster from the command line; each finished one is handed to the caller.
 
 Each partition is one run of ``storm_job`` executed in this process against the instance in
 ``$DAGSTER_HOME`` (so the UI lists it like any other run). The ledger decides inside each phase
@@ -20,9 +20,9 @@ from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
 from assets.plan import contiguous_groups, partitions_per_run, worker_blocks
 from assets.runner import Force
-from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
+from pipeline.preflight import PartitionRun
 from resources import dagster_compat, processes
-from resources.errors import LedgerUnavailable
+from resources.errors import LedgerUnavailable, database_down
 from resources.keys import HOST_TAG, LAUNCHED_BY, PID_STARTED_TAG, PID_TAG, RANGE_END_TAG, RANGE_START_TAG
 from resources.ledger import Checkpoint, Ledger
 
@@ -31,15 +31,6 @@ ASSET_PHASE = dict(TABLE_PHASE)
 # The CLI prints one line per partition and one per error; Dagster's console log (with its
 # stack traces) stays out of the terminal. Everything is still in the run's event log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
-
-def _db_down(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if seen.__class__.__name__ in DB_DOWN_CLASSES:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
@@ -186,7 +177,7 @@ def _open_instance() -> dg.DagsterInstance:
         # CLI process running many runs back to back keeps a small pool instead.
         dagster_compat.pool_storage_connections(instance, max_overflow=4)
     except Exception as exc:
-        if _db_down(exc):
+        if database_down(exc):
             raise LedgerUnavailable(
                 "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
             ) from exc
@@ -197,12 +188,13 @@ def _open_instance() -> dg.DagsterInstance:
 class PartitionLauncher:
     """Launches the runs of one CLI command: a partition alone or a key range per run.
 
-    Every finished partition goes to :meth:`report` (the progress display and ``on_result``).
+    Each run's start goes to ``on_start`` (what it covers) and every finished partition to
+    :meth:`report` (and ``on_result``).
     Once PostgreSQL is gone, no further run is launched: every later partition would fail the
     same way.
     """
 
-    def __init__(self, instance: dg.DagsterInstance, *, progress: Progress | None,
+    def __init__(self, instance: dg.DagsterInstance, *, on_start: Callable[[str], None] | None,
                  on_result: Callable[[PartitionRun], None] | None, preflight: bool, force: Force | None = None):
         from assets.materialize import build_runner
         from pipeline.definitions import build_resources, defs
@@ -211,7 +203,7 @@ class PartitionLauncher:
         self.job = defs.resolve_job_def(STORM_JOB)
         self.runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
         self.instance = instance
-        self.progress = progress
+        self.on_start = on_start
         self.on_result = on_result
         self.preflight = preflight
         self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
@@ -235,8 +227,6 @@ class PartitionLauncher:
 
     def report(self, run: PartitionRun) -> None:
         self.runs.append(run)
-        if self.progress:
-            self.progress.finished(run)
         if self.on_result:
             self.on_result(run)
 
@@ -253,8 +243,8 @@ class PartitionLauncher:
     def single(self, key: str) -> None:
         """One run for one partition, from its first phase with work."""
         start = time.monotonic()
-        if self.progress:
-            self.progress.starting(key)
+        if self.on_start:
+            self.on_start(key)
         part = self.part(key)
         current = self.current.pop(key, None)
         if current is None:
@@ -265,7 +255,7 @@ class PartitionLauncher:
         try:
             run = run_partition(self.job, self.instance, key, tags=self.tags, first=len(current))
         except Exception as exc:  # Dagster's storage failing under the run
-            if not _db_down(exc):
+            if not database_down(exc):
                 raise
             run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
                                error="PostgreSQL unreachable (ledger and Dagster storage); "
@@ -275,8 +265,8 @@ class PartitionLauncher:
 
     def ranged(self, group: list[str]) -> None:
         """One run over a key range; its unfinished partitions then run alone, for their own error."""
-        if self.progress:
-            self.progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
+        if self.on_start:
+            self.on_start(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
         # The range starts at the earliest phase any of its partitions needs; the phases
         # before it are current for all of them (their skips recorded here, not in a step).
         start_at = min(len(self.current[k]) for k in group)
@@ -289,7 +279,7 @@ class PartitionLauncher:
             runs = run_range(self.job, self.instance, self.runner.ledger, group, tags=self.tags,
                              on_done=self.report, first=start_at)
         except Exception as exc:
-            if not _db_down(exc):
+            if not database_down(exc):
                 raise
             runs = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
         unfinished = [run for run in runs if not run.ok]
@@ -326,7 +316,7 @@ class PartitionLauncher:
         return self.runs
 
 
-def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
+def run_partitions(keys: list[str], *, on_start: Callable[[str], None] | None = None, preflight: bool = True,
                    max_per_run: int | None = None,
                    on_result: Callable[[PartitionRun], None] | None = None,
                    force: Force | None = None) -> list[PartitionRun]:
@@ -344,12 +334,9 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     instance = _open_instance()
     with instance:
         reap_dead_cli_runs(instance)
-        launcher = PartitionLauncher(instance, progress=progress, on_result=on_result, preflight=preflight,
+        launcher = PartitionLauncher(instance, on_start=on_start, on_result=on_result, preflight=preflight,
                                      force=force)
-        runs = launcher.launch(keys, max_per_run)
-    if progress:
-        progress.close()
-    return runs
+        return launcher.launch(keys, max_per_run)
 
 
 # ---- several processes ------------------------------------------------------------------------
@@ -412,7 +399,8 @@ def _worker_context():  # -> multiprocessing context
     return mp.get_context("fork")
 
 
-def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progress | None = None,
+def run_partitions_in_workers(keys: list[str], *, workers: int, on_start: Callable[[str], None] | None = None,
+                              on_result: Callable[[PartitionRun], None] | None = None,
                               preflight: bool = True, max_per_run: int | None = None,
                               force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions in up to ``workers`` processes at once, each running blocks of
@@ -433,7 +421,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
         max_per_run = partitions_per_run(keys, Landing(load_settings().landing))
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:  # one worker, or one range run's worth of keys
-        return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
+        return run_partitions(keys, on_start=on_start, on_result=on_result, preflight=preflight,
+                              max_per_run=max_per_run, force=force)
     ctx = _worker_context()
     tasks, results = ctx.Queue(), ctx.Queue()
     for block in blocks:
@@ -453,8 +442,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     def finished(run: PartitionRun) -> None:
         with lock:
             runs.append(run)
-            if progress:
-                progress.finished(run)
+            if on_result:
+                on_result(run)
         if run.ledger_down:
             _drain(tasks)
 
@@ -487,8 +476,6 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    if progress:
-        progress.close()
     if errors:
         raise errors[0]
     return runs
