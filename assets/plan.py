@@ -32,8 +32,8 @@ BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITI
 
 #: A key range run holds at most ``MAX_PARTITIONS_PER_RUN`` partitions whatever their size (the
 #: phase assets' backfill policy holds as many), and small ones as many as ``RUN_LANDING_BYTES``
-#: of landing files, up to this many: Dagster costs about 0.4 s a run (its creation, planned and
-#: step events), a partition of 500 rows about half a second of phase work.
+#: of landing files, up to this many: Dagster's cost of a run (its creation, planned and step
+#: events) is of the order of a small partition's phase work, so small partitions share runs.
 MAX_SMALL_PARTITIONS_PER_RUN = 64
 RUN_LANDING_BYTES = 64 * 1024 * 1024
 #: Partitions whose landing folders are measured to size the runs (spread over the selection).
@@ -83,10 +83,9 @@ def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[l
     runs of more than :data:`MAX_PARTITIONS_PER_RUN` (small partitions), rectangles, each range
     the same neighbouring regions on consecutive days.
 
-    Runs of at most 8 (partitions of 200,000 rows) keep to the first two: the bench's 8
-    partitions (4 regions × 2 days) as one rectangle made its resumed run, which reads its
-    inputs back from the lake, slower (resume / pipeline 0.508 / 0.523 against a target of
-    0.37, and 0.419 / 0.370 in two ranges of 4)."""
+    Runs of at most 8 (partitions of 200,000 rows) keep to the first two: big partitions as one
+    rectangle made a resumed run, which reads its inputs back from the lake, slower than two
+    ranges of a line each."""
     pos = {k: i for i, k in enumerate(order)}
     region_rank = _region_ranks(order)
     known = sorted({k for k in keys if k in pos}, key=pos.__getitem__)
@@ -255,9 +254,7 @@ def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIO
 
     16 keys (3 days of 6 regions, two days missing) for 2 workers are two blocks of 8: three
     regions' days each, run as one or two ranges; as single ranges they were six blocks of a
-    region's days, three runs a worker (``stormlake backfill --workers 2`` of the bench's 16
-    partitions of 20,000 rows, on fresh homes, alternating: 11.2 and 12.0 s against 12.9 and
-    13.1 s, and less CPU time: 12.5 and 13.1 s against 14.1 and 14.5 s).
+    region's days, three runs a worker, which took longer and more CPU time.
 
     A selection of at most :data:`MAX_PARTITIONS_PER_RUN` keys (or ``max_per_run``, when
     smaller) is one block: one process runs it, with no worker to start. A bigger one is

@@ -1,4 +1,4 @@
-"""How the daemon starts runs: a run queue that looks at backfills every few seconds, and a run
+"""How the daemon starts runs: Dagster's run queue, which cuts a key range run first, and a run
 launcher that forks each run from a warm process instead of starting a fresh interpreter.
 
 Both are named in ``dagster.yaml`` (:func:`pipeline.instance.dagster_yaml`), so every run the
