@@ -108,14 +108,14 @@ def observe_for_ingest(context: dg.AssetExecutionContext, landing: LandingResour
     observation logged here is stored at once but would not be seen by that read: the
     materialization would point before it, and the observation would then count as a change. So
     the step reads it again right after (:func:`resources.dagster_compat.refresh_input_version`:
-    Dagster has no public way to), when it logged any. The observations of a range step's
-    partitions are stored as one batch (:func:`resources.dagster_compat.log_observations`).
+    Dagster has no public way to), when it logged any.
     Handles every partition of the step (a range run has several).
     Returns the versions logged, by partition key.
     """
     zone = landing.get()
     changed = changed_versions(context.instance, zone, context.partition_keys)
     if changed:  # what Dagster read when the step started is still the latest otherwise
-        dagster_compat.log_observations(context, observations(changed))
+        for observation in observations(changed):
+            context.log_event(observation)
         dagster_compat.refresh_input_version(context, LANDING_KEY)
     return changed

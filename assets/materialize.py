@@ -26,15 +26,14 @@ from assets.checks import Check
 from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
 from assets.phases import PHASES, Phase
+from assets.plan import BACKFILL_POLICY, MAX_PARTITIONS_PER_RUN
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
-from resources import dagster_compat
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.errors import StormlakeError
 from resources.keys import (
     FAILED_PARTITIONS_TAG,
     LAUNCHED_BY,
-    MAX_PARTITIONS_PER_RUN,
     MAX_RETRIES_TAG,
     PARENT_RUN_TAG,
     RETRY_ON_FAILURE_TAG,
@@ -104,7 +103,7 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
     cannot be subset, since the phase writes all its tables under one checkpoint. Partitions,
     the backfill policy, the retry policy and the pool (one per phase: the writer of its Delta
     tables) are the op's. The backfill policy gives a UI backfill's runs key ranges of up to
-    ``MAX_PARTITIONS_PER_RUN`` partitions, as the CLI's runs of big partitions: Dagster's cost
+    ``MAX_PARTITIONS_PER_RUN`` partitions (:mod:`assets.plan`), as the CLI's runs of big partitions: Dagster's cost
     of a run (its creation, its start, its events) is paid once for each range instead of once
     for each partition. A range's failure stays with its partitions (:func:`_fail_step`).
     """
@@ -115,7 +114,7 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
         specs=[table_spec(phase, table, deps=deps or [], kinds=kinds or TABLE_KINDS) for table in phase.tables],
         partitions_def=PARTITIONS,
         can_subset=False,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN),
+        backfill_policy=BACKFILL_POLICY,
         retry_policy=TRANSIENT_RETRY,
         check_specs=[grader_spec(phase)],
         pool=phase.pool,
@@ -414,9 +413,9 @@ def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes:
     phase_metas = [outcome_metadata(o) for o in outcomes]
     keys = context.partition_keys
     for table in phase.tables:
-        dagster_compat.add_asset_metadata(context, (
-            (table, key, table_metadata(outcome, table, lake, phase_meta))
-            for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True)))
+        for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True):
+            context.add_asset_metadata(table_metadata(outcome, table, lake, phase_meta), asset_key=table,
+                                       partition_key=key)
         yield dg.MaterializeResult(asset_key=table, metadata={
             "partitions": len(outcomes),
             "completed": sum(o.status == "COMPLETED" for o in outcomes),

@@ -39,6 +39,7 @@ from assets.quality import HELD_LABEL
 from assets.summaries import check_figures, check_summary, read_summary
 from resources import faults
 from resources.errors import ConfigError, GraderError, LedgerUnavailable, StormlakeError, SummaryInvalid
+from resources.keys import BY_TAG, FORCE_ID_TAG, FROM_TAG, REASON_TAG
 from resources.lake import Lake, PartitionWrite, ProcessThreads, WriteResult, at_once, in_background
 from resources.landing import Landing
 from resources.ledger import Checkpoint, Claim, Decision, Ledger
@@ -141,9 +142,6 @@ class Force:
 
     def tags(self) -> dict[str, str]:
         return {FROM_TAG: self.from_phase, REASON_TAG: self.reason, BY_TAG: self.by, FORCE_ID_TAG: self.id}
-
-
-FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason", "stormlake/by", "stormlake/force_id"
 
 
 #: A range step writes the tables of at most ``STORMLAKE_WRITE_TOGETHER`` partitions at once

@@ -215,7 +215,7 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
     if force is None:  # a forced re-run has work in every partition
         from pipeline.preflight import light_runner, sort_out
 
-        def skipped(run) -> None:  # noqa: ANN001 - a pipeline.progress.PartitionRun
+        def skipped(run) -> None:  # noqa: ANN001 - a pipeline.preflight.PartitionRun
             done.append(run)
             progress.finished(run)
 
@@ -225,7 +225,10 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
         return done
     from pipeline.orchestrate import run_partitions_in_workers
 
-    return done + run_partitions_in_workers(keys, workers=workers, progress=progress, force=force)
+    runs = run_partitions_in_workers(keys, workers=workers, on_start=progress.starting, on_result=progress.finished,
+                                     force=force)
+    progress.close()
+    return done + runs
 
 
 def _force(args: argparse.Namespace):  # -> assets.runner.Force | None

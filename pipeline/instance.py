@@ -43,7 +43,6 @@ from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
 DEQUEUE_INTERVAL_S = 1
-BACKFILL_INTERVAL_S = 2
 #: How often run monitoring looks for runs whose worker died (Dagster's default: 120 s); with the
 #: outbox sensor's interval it bounds how long a partition stopped by a dead run waits.
 RUN_MONITORING_POLL_S = 30
@@ -78,14 +77,13 @@ def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
 # The run coordinator is Dagster's queued one (`concurrency` sets its limits), looking at the
 # queue every second (Dagster's default, 5 s, leaves a backfill's next run waiting that long
-# after each run ends) and at new backfills every {BACKFILL_INTERVAL_S} s (Dagster's: 30 s). Runs start in a fork
-# of a process with the code location loaded, not in a fresh interpreter (pipeline/launcher.py).
+# after each run ends). Runs start in a fork of a process with the code location loaded, not in
+# a fresh interpreter (pipeline/launcher.py).
 run_coordinator:
   module: pipeline.launcher
   class: StormlakeRunCoordinator
   config:
     dequeue_interval_seconds: {DEQUEUE_INTERVAL_S}
-    backfill_interval_seconds: {BACKFILL_INTERVAL_S}
 run_launcher:
   module: pipeline.launcher
   class: WarmRunLauncher

@@ -1,4 +1,4 @@
-"""How the daemon starts runs: a run queue that looks at backfills every few seconds, and a run
+"""How the daemon starts runs: Dagster's run queue, which cuts a key range run first, and a run
 launcher that forks each run from a warm process instead of starting a fresh interpreter.
 
 Both are named in ``dagster.yaml`` (:func:`pipeline.instance.dagster_yaml`), so every run the
@@ -27,19 +27,12 @@ thread of its own when it forks, so a run starts from a clean copy.
   The launcher compares the code's modification stamp (:func:`code_stamp`) before each launch
   and starts a new zygote when it changed.
 
-**Why a run coordinator of its own.** Dagster's backfill daemon looks at new backfills every 30
-seconds, a constant ``dagster.yaml`` cannot set, so a UI backfill waited up to 30 s before its
-first run was even queued. :class:`StormlakeRunCoordinator` is Dagster's queued coordinator
-with one more setting, ``backfill_interval_seconds``; the daemon builds the coordinator before
-it starts its threads, which is when the setting is applied
-(:func:`resources.dagster_compat.set_backfill_daemon_interval`). Every queued run passes
-through it before it starts, so it is also where a key range run is cut: one that mixes
-partitions that landed with some that did not, or the retry of a range whose phase failed for
-some of its partitions (:mod:`pipeline.range_runs`). And a run that the queue would start at
-its next look (nothing waits in it, room under every limit of ``dagster.yaml``'s
-``concurrency`` section) starts at once instead: the queue daemon looks every second at best,
-and its loop waits in steps of half a second, so each of a backfill's first runs would wait for
-that look in an empty queue.
+**Why a run coordinator of its own.** Every queued run passes through it before it starts, so it
+is where a key range run is cut: one that mixes partitions that landed with some that did not,
+or the retry of a range whose phase failed for some of its partitions (:mod:`pipeline.range_runs`).
+Otherwise it is Dagster's queued coordinator: every run waits in the queue and the queue daemon
+starts it. How often the backfill daemon looks at new backfills is Dagster's (30 s): no
+``dagster.yaml`` key sets it (dagster-io/dagster#11649).
 """
 
 from __future__ import annotations
@@ -65,13 +58,11 @@ from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLa
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from resources import dagster_compat, processes
+from resources.keys import HOST_TAG, PID_STARTED_TAG, PID_TAG
 
 if TYPE_CHECKING:
     from resources.settings import Settings
 
-PID_TAG = "stormlake/run_worker_pid"
-PID_STARTED_TAG = "stormlake/run_worker_started"  # the worker's start time (resources.processes.started)
-HOST_TAG = "stormlake/run_worker_host"
 #: The modules the zygote imports before its first fork: the code location and what its phases
 #: import only when they run (the report's drawing, Delta writes).
 WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms.pictures",
@@ -80,7 +71,6 @@ WARM_MODULES = ("pipeline.definitions", "assets.materialize", "assets.transforms
                 "dagster._cli", "dagster._utils.test", "dagster._core.system_config.composite_descent",
                 "dagster._core.storage.local_compute_log_manager", "dagster._core.execution.plan.active")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BACKFILL_INTERVAL_S = 2
 #: Connections the daemon's storage pool may open beyond the one it keeps: its threads (backfill
 #: iterations and submissions, the queue, sensors, schedules, run monitoring) at once.
 DAEMON_POOL_OVERFLOW = 8
@@ -103,23 +93,7 @@ def code_stamp() -> str:
 
 
 class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
-    """Dagster's queued run coordinator, plus how often the backfill daemon looks at backfills."""
-
-    def __init__(self, backfill_interval_seconds: float = DEFAULT_BACKFILL_INTERVAL_S, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.backfill_interval_seconds = backfill_interval_seconds
-        self._launch_lock = threading.Lock()
-        dagster_compat.set_backfill_daemon_interval(backfill_interval_seconds)
-
-    @classmethod
-    def config_type(cls) -> dict[str, Any]:
-        return {
-            **dg.QueuedRunCoordinator.config_type(),
-            "backfill_interval_seconds": dg.Field(
-                dg.IntSource, is_required=False, default_value=DEFAULT_BACKFILL_INTERVAL_S,
-                description="Seconds between two looks of the backfill daemon at the backfills (Dagster's: 30).",
-            ),
-        }
+    """Dagster's queued run coordinator, which cuts a key range run before it queues it."""
 
     def register_instance(self, instance: dg.DagsterInstance) -> None:
         """In the daemon, also start the run launcher's warm process now, on a thread of its own:
@@ -127,14 +101,9 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         imports take. The daemon builds its coordinator before it starts its loops; the webserver,
         which only queues runs, starts none."""
         super().register_instance(instance)
-        if not in_daemon():
-            # Wherever runs are created (here the webserver's "Materialize"), a new run's planned
-            # events are stored in one insert.
-            dagster_compat.batch_planned_events(instance)
-        else:
+        if in_daemon():
             # The daemon writes each new run's planned events (one per table asset and partition)
             # and polls runs and backfills; dagster-postgres would open a connection for each.
-            # The pool comes with the planned events' batching (pool_storage_connections).
             dagster_compat.pool_storage_connections(instance, max_overflow=DAEMON_POOL_OVERFLOW)
             launcher = instance.run_launcher  # made here, before the daemon's loops could make it too
             if isinstance(launcher, WarmRunLauncher):
@@ -147,49 +116,23 @@ class StormlakeRunCoordinator(dg.QueuedRunCoordinator, ConfigurableClass):
         after it, in the same backfill, each on its own: a copy that cannot be submitted is
         failed (its partitions then count as failed in the backfill, which does not wait for it
         forever), and the others still go."""
-        from assets.phases import PHASES
         from pipeline.range_runs import cut
         from resources.landing import Landing
         from resources.settings import load_settings
 
-        pools = [phase.pool for phase in PHASES]
         settings = load_settings()
         first, *copies = cut(self._instance, context.workspace, context.dagster_run, Landing(settings.landing),
                              lambda keys: dead_lettered(settings, keys))
         try:
-            return self._submit_one(first, context.workspace, pools)
+            return super().submit_run(dg.SubmitRunContext(first, context.workspace))
         finally:
             for copy in copies:
                 try:
-                    self._submit_one(copy, context.workspace, pools)
+                    super().submit_run(dg.SubmitRunContext(copy, context.workspace))
                 except (dg.DagsterError, OSError) as exc:
                     latest = self._instance.get_run_by_id(copy.run_id) or copy
                     if not latest.is_finished:
                         self._instance.report_run_failed(latest, f"stormlake: the run could not be submitted: {exc}")
-
-    def _submit_one(self, run: dg.DagsterRun, workspace: Any, pools: list[str]) -> dg.DagsterRun:
-        """In the daemon, start the run now when the queue would start it on its next look
-        (nothing queued, room under the run limits and in the phases' pools), else queue it.
-
-        The queue daemon looks every second at best and its loop waits in steps of half a second,
-        so a backfill's first runs would wait for it in an empty queue. The check and the launch
-        hold a lock, so the backfill daemon's submitting threads cannot both take the last slot.
-        The queue daemon may still launch a run that was queued just before the check, so one run
-        more than a limit can start now and then. The webserver and ``dg launch`` queue their runs
-        as before: a direct launch there would start a warm process in the webserver."""
-        if in_daemon():
-            with self._launch_lock:
-                if run.status == dg.DagsterRunStatus.NOT_STARTED and dagster_compat.queue_has_room(
-                        self._instance, run, pools):
-                    self._instance.launch_run(run.run_id, workspace)
-                    return self._instance.get_run_by_id(run.run_id) or run
-        return super().submit_run(dg.SubmitRunContext(run, workspace))
-
-    @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StormlakeRunCoordinator:
-        config = dict(config_value)
-        interval = config.pop("backfill_interval_seconds", DEFAULT_BACKFILL_INTERVAL_S)
-        return cls(backfill_interval_seconds=interval, inst_data=inst_data, **config)
 
 
 def dead_lettered(settings: Settings, keys: list[str]) -> dict[str, str]:

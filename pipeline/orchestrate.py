@@ -1,4 +1,4 @@
-"""Run partitions through Dagster from the command line, with a progress display.
+"""Run partitions through Dagster from the command line; each finished one is handed to the caller.
 
 Each partition is one run of ``storm_job`` executed in this process against the instance in
 ``$DAGSTER_HOME`` (so the UI lists it like any other run). The ledger decides inside each phase
@@ -8,45 +8,29 @@ whether there is work; a partition that is already published costs one skip per 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import dagster as dg
 
 from assets.context import PartitionRef
 from assets.phases import BY_NAME, OP_PHASE, PHASES, TABLE_PHASE, table_keys
+from assets.plan import contiguous_groups, partitions_per_run, worker_blocks
 from assets.runner import Force
-from pipeline.progress import DB_DOWN_CLASSES, PartitionRun, Progress
+from pipeline.preflight import PartitionRun
 from resources import dagster_compat, processes
-from resources.errors import LedgerUnavailable
-from resources.keys import LAUNCHED_BY, MAX_PARTITIONS_PER_RUN, partition_key, split_partition_key
+from resources.errors import LedgerUnavailable, database_down
+from resources.keys import HOST_TAG, LAUNCHED_BY, PID_STARTED_TAG, PID_TAG, RANGE_END_TAG, RANGE_START_TAG
 from resources.ledger import Checkpoint, Ledger
-
-if TYPE_CHECKING:
-    from resources.landing import Landing
 
 # The phase of each table asset; a step is named after its phase's op (``OP_PHASE``).
 ASSET_PHASE = dict(TABLE_PHASE)
 # The CLI prints one line per partition and one per error; Dagster's console log (with its
 # stack traces) stays out of the terminal. Everything is still in the run's event log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-PID_TAG = "stormlake/pid"
-PID_STARTED_TAG = "stormlake/pid_started"  # the process's start time (resources.processes.started)
-HOST_TAG = "stormlake/host"
-
-
-def _db_down(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if seen.__class__.__name__ in DB_DOWN_CLASSES:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _root_error(err):  # (SerializableErrorInfo | None) -> SerializableErrorInfo | None
@@ -152,189 +136,6 @@ def reap_dead_cli_runs(instance: dg.DagsterInstance) -> int:
     return reaped
 
 
-#: A key range run holds at most ``MAX_PARTITIONS_PER_RUN`` partitions whatever their size (the
-#: phase assets' backfill policy holds as many), and small ones as many as ``RUN_LANDING_BYTES``
-#: of landing files, up to this many: Dagster's cost of a run (its creation, planned and step
-#: events) is of the order of a small partition's phase work, so small partitions share runs.
-MAX_SMALL_PARTITIONS_PER_RUN = 64
-RUN_LANDING_BYTES = 64 * 1024 * 1024
-#: Partitions whose landing folders are measured to size the runs (spread over the selection).
-SIZE_SAMPLE = 32
-
-
-def partitions_per_run(keys: list[str], landing: Landing) -> int:
-    """How many partitions one key range run may hold: :data:`MAX_PARTITIONS_PER_RUN`, or more for
-    small partitions, as many as :data:`RUN_LANDING_BYTES` of landing files would be at the size
-    of the biggest of up to :data:`SIZE_SAMPLE` partitions spread over ``keys`` (a selection of
-    small and big partitions is sized by the big ones), at most
-    :data:`MAX_SMALL_PARTITIONS_PER_RUN`. Partitions whose landing files are gone take
-    :data:`MAX_PARTITIONS_PER_RUN`.
-
-    Example: partitions of 500 outage rows take 64 a run, of 20,000 rows 27, of 200,000 rows 8.
-    """
-    if not keys:
-        return MAX_PARTITIONS_PER_RUN
-    step = max(1, len(keys) // SIZE_SAMPLE)
-    biggest = max(landing.partition_bytes(region_id, day)
-                  for day, region_id in map(split_partition_key, keys[::step][:SIZE_SAMPLE]))
-    if not biggest:  # no landing files to go by (removed since ingest): the size of old
-        return MAX_PARTITIONS_PER_RUN
-    return int(max(MAX_PARTITIONS_PER_RUN, min(MAX_SMALL_PARTITIONS_PER_RUN, RUN_LANDING_BYTES // biggest)))
-
-
-RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
-
-
-def contiguous_groups(keys: list[str], order: list[str], max_size: int) -> list[list[str]]:
-    """Split ``keys`` into key ranges of at most ``max_size`` keys, each exactly what a run over
-    its first to its last key covers.
-
-    A range of (day, region) partitions is a rectangle: every day from the first key's to the
-    last key's, times every region from the first key's to the last key's (in the region
-    file's order). So a range is one day's neighbouring regions, one region's consecutive days,
-    or (for runs of more than :data:`MAX_PARTITIONS_PER_RUN`) the same neighbouring regions on
-    consecutive days, whichever way takes fewest runs (a day of 50 regions, a region's year, a
-    week of every region); a run of neighbours longer than ``max_size`` is cut into parts as
-    equal as possible. Keys outside ``order`` are ranges of their own. Ranges come in the order
-    of their first key.
-    """
-    return min(range_groupings(keys, order, max_size), key=len)
-
-
-def range_groupings(keys: list[str], order: list[str], max_size: int) -> tuple[list[list[str]], ...]:
-    """The ways to cut ``keys`` into key ranges (see :func:`contiguous_groups`): by day, each range
-    a day's neighbouring regions; by region, each range a region's consecutive days; and, for
-    runs of more than :data:`MAX_PARTITIONS_PER_RUN` (small partitions), rectangles, each range
-    the same neighbouring regions on consecutive days.
-
-    Runs of at most 8 (partitions of 200,000 rows) keep to the first two: a rectangle of big
-    partitions made a resumed run, which reads its inputs back from the lake, slower than two
-    ranges of a day or a region each."""
-    pos = {k: i for i, k in enumerate(order)}
-    region_rank = _region_ranks(order)
-    known = sorted({k for k in keys if k in pos}, key=pos.__getitem__)
-    parts = [(k, *split_partition_key(k)) for k in known]
-    alone = [[k] for k in keys if k not in pos]
-
-    def ordered(groups: list[list[str]]) -> list[list[str]]:
-        return sorted(groups + alone, key=lambda g: (pos.get(g[0], len(order)), g[0]))
-
-    groupings = [_runs(parts, along=lambda d, r: (d, region_rank[r]), max_size=max_size),
-                 _runs(parts, along=lambda d, r: (r, dt.date.fromisoformat(d).toordinal()), max_size=max_size)]
-    if max_size > MAX_PARTITIONS_PER_RUN:  # small partitions (big ones: see above)
-        groupings.append([sorted(g, key=pos.__getitem__) for g in _rectangles(parts, region_rank, max_size=max_size)])
-    return tuple(ordered(g) for g in groupings)
-
-
-def _region_ranks(order: list[str]) -> dict[str, int]:
-    """Each region's place in the partition order (the region file's order)."""
-    ranks: dict[str, int] = {}
-    for key in order:
-        ranks.setdefault(split_partition_key(key)[1], len(ranks))
-    return ranks
-
-
-def _runs(parts: list[tuple[str, str, str]], *, along, max_size: int) -> list[list[str]]:  # noqa: ANN001
-    """Keys in runs of neighbours: ``along(day, region)`` is (line, place), and neighbours are keys
-    of one line at consecutive places; each run cut into parts of at most ``max_size``."""
-    runs: list[list[str]] = []
-    last: tuple[object, int] | None = None
-    for key, day, region in sorted(parts, key=lambda p: along(p[1], p[2])):
-        line, place = along(day, region)
-        if last is None or line != last[0] or place != last[1] + 1:
-            runs.append([])
-        runs[-1].append(key)
-        last = (line, place)
-    return [part for run in runs for part in _cut(run, max_size)]
-
-
-def _cut(items: list, max_size: int) -> list[list]:
-    """``items`` in consecutive parts of at most ``max_size``, as equal as possible."""
-    n = -(-len(items) // max(1, max_size))
-    cuts = [round(i * len(items) / n) for i in range(n + 1)]
-    return [items[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
-
-
-def _rectangles(parts: list[tuple[str, str, str]], region_rank: dict[str, int], *, max_size: int) -> list[list[str]]:
-    """Keys in rectangles: each day's keys in runs of neighbouring regions, and a run continued
-    over the following days that have the same one. A rectangle of more than ``max_size`` keys
-    is cut into bands of whole days, or, when one day's run alone is longer, into parts of each
-    day's run.
-
-    A backfill of every region over a span of days is one rectangle, where cutting by day or by
-    region makes a run per day or per region.
-    """
-    by_day: dict[int, list[tuple[int, str]]] = {}
-    for key, day, region in parts:
-        by_day.setdefault(dt.date.fromisoformat(day).toordinal(), []).append((region_rank[region], key))
-    done: list[tuple[int, list[list[str]]]] = []  # (last day, each day's keys)
-    growing: dict[tuple[int, int], tuple[int, list[list[str]]]] = {}  # (first, last rank) -> (last day, rows)
-    for day in sorted(by_day):
-        spans: list[list[tuple[int, str]]] = []
-        for rank, key in sorted(by_day[day]):
-            if spans and rank == spans[-1][-1][0] + 1:
-                spans[-1].append((rank, key))
-            else:
-                spans.append([(rank, key)])
-        now: dict[tuple[int, int], tuple[int, list[list[str]]]] = {}
-        for span in spans:
-            edge = (span[0][0], span[-1][0])
-            row = [key for _, key in span]
-            last = growing.pop(edge, None)
-            if last is not None and last[0] == day - 1:
-                last[1].append(row)
-                now[edge] = (day, last[1])
-            else:
-                if last is not None:
-                    done.append((last[0], last[1]))
-                now[edge] = (day, [row])
-        done.extend(growing.values())
-        growing = now
-    done.extend(growing.values())
-    out: list[list[str]] = []
-    for _, rows in done:
-        if len(rows[0]) > max_size:
-            out.extend(part for row in rows for part in _cut(row, max_size))
-        else:
-            out.extend([key for row in band for key in row] for band in _cut(rows, max(1, max_size // len(rows[0]))))
-    return out
-
-
-def range_run_requests(keys: list[str], *, run_key: Callable[[list[str]], str],
-                       tags: dict[str, str] | Callable[[list[str]], dict[str, str]],
-                       asset_selection: Sequence[dg.AssetKey] | None = None,
-                       asset_check_keys: Sequence[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
-    """Run requests over ``keys`` in the key ranges a UI backfill's runs have: at most
-    :data:`MAX_PARTITIONS_PER_RUN` partitions each, one day's neighbouring regions or one
-    region's consecutive days (:func:`contiguous_groups`), so that the schedule's and the
-    sensors' runs cost what a backfill's do, not a run (its creation, its launch, its events)
-    per partition. A group of one is a request of that partition (its run carries the state
-    hash as its data version); a longer one carries the range's tags, and the run coordinator
-    cuts it as it cuts a backfill's (:mod:`pipeline.range_runs`): partitions that have not
-    landed, or are dead-lettered, go to runs of their own. ``run_key`` names a group's run;
-    ``tags`` are every run's, or a group's own when a callable. ``asset_selection`` and
-    ``asset_check_keys`` (with the selection) narrow every run to those assets and checks (the
-    outbox sensor's continuations: the phases after the one that completed).
-    """
-    from assets.partitions import region_ids
-
-    # Dagster's order of the partitions of the keys' days: days, then the regions in their file's order.
-    order = [partition_key(day, region) for day in sorted({split_partition_key(k)[0] for k in keys})
-             for region in region_ids()]
-    selection: dict[str, Any] = {}
-    if asset_selection is not None:
-        selection = {"asset_selection": list(asset_selection), "asset_check_keys": list(asset_check_keys or [])}
-    requests = []
-    for group in contiguous_groups(keys, order, MAX_PARTITIONS_PER_RUN):
-        own = tags(group) if callable(tags) else tags
-        if len(group) == 1:
-            requests.append(dg.RunRequest(run_key=run_key(group), partition_key=group[0], tags=own, **selection))
-        else:
-            requests.append(dg.RunRequest(run_key=run_key(group), **selection,
-                                          tags={**own, RANGE_START_TAG: group[0], RANGE_END_TAG: group[-1]}))
-    return requests
-
-
 def run_range(job: dg.JobDefinition, instance: dg.DagsterInstance, ledger: Ledger, group: list[str], *,
               tags: dict[str, str], on_done: Callable[[PartitionRun], None], first: int = 0) -> list[PartitionRun]:
     """One run over a key range; each partition is reported as soon as its last phase is done.
@@ -376,7 +177,7 @@ def _open_instance() -> dg.DagsterInstance:
         # CLI process running many runs back to back keeps a small pool instead.
         dagster_compat.pool_storage_connections(instance, max_overflow=4)
     except Exception as exc:
-        if _db_down(exc):
+        if database_down(exc):
             raise LedgerUnavailable(
                 "PostgreSQL unreachable (Dagster instance storage); start it again, then re-run"
             ) from exc
@@ -387,12 +188,13 @@ def _open_instance() -> dg.DagsterInstance:
 class PartitionLauncher:
     """Launches the runs of one CLI command: a partition alone or a key range per run.
 
-    Every finished partition goes to :meth:`report` (the progress display and ``on_result``).
+    Each run's start goes to ``on_start`` (what it covers) and every finished partition to
+    :meth:`report` (and ``on_result``).
     Once PostgreSQL is gone, no further run is launched: every later partition would fail the
     same way.
     """
 
-    def __init__(self, instance: dg.DagsterInstance, *, progress: Progress | None,
+    def __init__(self, instance: dg.DagsterInstance, *, on_start: Callable[[str], None] | None,
                  on_result: Callable[[PartitionRun], None] | None, preflight: bool, force: Force | None = None):
         from assets.materialize import build_runner
         from pipeline.definitions import build_resources, defs
@@ -401,7 +203,7 @@ class PartitionLauncher:
         self.job = defs.resolve_job_def(STORM_JOB)
         self.runner = build_runner(None, **build_resources(resolved=True))  # type: ignore[arg-type]
         self.instance = instance
-        self.progress = progress
+        self.on_start = on_start
         self.on_result = on_result
         self.preflight = preflight
         self.tags = {LAUNCHED_BY: "cli", PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
@@ -425,8 +227,6 @@ class PartitionLauncher:
 
     def report(self, run: PartitionRun) -> None:
         self.runs.append(run)
-        if self.progress:
-            self.progress.finished(run)
         if self.on_result:
             self.on_result(run)
 
@@ -443,8 +243,8 @@ class PartitionLauncher:
     def single(self, key: str) -> None:
         """One run for one partition, from its first phase with work."""
         start = time.monotonic()
-        if self.progress:
-            self.progress.starting(key)
+        if self.on_start:
+            self.on_start(key)
         part = self.part(key)
         current = self.current.pop(key, None)
         if current is None:
@@ -455,7 +255,7 @@ class PartitionLauncher:
         try:
             run = run_partition(self.job, self.instance, key, tags=self.tags, first=len(current))
         except Exception as exc:  # Dagster's storage failing under the run, or Dagster refusing it
-            if _db_down(exc):
+            if database_down(exc):
                 run = PartitionRun(key=key, ok=False, run_id="", seconds=time.monotonic() - start,
                                    error="PostgreSQL unreachable (ledger and Dagster storage); "
                                          "start it again, then re-run the same command to resume",
@@ -470,8 +270,8 @@ class PartitionLauncher:
 
     def ranged(self, group: list[str]) -> None:
         """One run over a key range; its unfinished partitions then run alone, for their own error."""
-        if self.progress:
-            self.progress.starting(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
+        if self.on_start:
+            self.on_start(f"{group[0]} .. {group[-1]} ({len(group)} partitions)")
         # The range starts at the earliest phase any of its partitions needs; the phases
         # before it are current for all of them (their skips recorded here, not in a step).
         start_at = min(len(self.current[k]) for k in group)
@@ -484,7 +284,7 @@ class PartitionLauncher:
             runs = run_range(self.job, self.instance, self.runner.ledger, group, tags=self.tags,
                              on_done=self.report, first=start_at)
         except Exception as exc:
-            if not (_db_down(exc) or isinstance(exc, dg.DagsterError)):
+            if not (database_down(exc) or isinstance(exc, dg.DagsterError)):
                 raise
             # Refused by Dagster as a whole: each partition runs alone below, for its own line.
             runs = [PartitionRun(key=k, ok=False, run_id="", seconds=0.0) for k in group]
@@ -522,7 +322,7 @@ class PartitionLauncher:
         return self.runs
 
 
-def run_partitions(keys: list[str], *, progress: Progress | None = None, preflight: bool = True,
+def run_partitions(keys: list[str], *, on_start: Callable[[str], None] | None = None, preflight: bool = True,
                    max_per_run: int | None = None,
                    on_result: Callable[[PartitionRun], None] | None = None,
                    force: Force | None = None) -> list[PartitionRun]:
@@ -540,74 +340,12 @@ def run_partitions(keys: list[str], *, progress: Progress | None = None, preflig
     instance = _open_instance()
     with instance:
         reap_dead_cli_runs(instance)
-        launcher = PartitionLauncher(instance, progress=progress, on_result=on_result, preflight=preflight,
+        launcher = PartitionLauncher(instance, on_start=on_start, on_result=on_result, preflight=preflight,
                                      force=force)
-        runs = launcher.launch(keys, max_per_run)
-    if progress:
-        progress.close()
-    return runs
+        return launcher.launch(keys, max_per_run)
 
 
 # ---- several processes ------------------------------------------------------------------------
-
-
-def worker_blocks(keys: list[str], workers: int, max_per_run: int = MAX_PARTITIONS_PER_RUN) -> list[list[str]]:
-    """The blocks of neighbouring keys the worker processes take one at a time.
-
-    A block holds about the workers' share of the keys (``workers`` blocks when each worker's
-    share fits in ``max_per_run``, else as many rounds of them as needed), and the process that
-    takes it runs it in key ranges as :func:`run_partitions` does. Blocks are cut three ways,
-    and the one whose workers would finish first (:func:`_makespan`, which counts each block's
-    ranges, a run's cost being about half a partition's) is taken:
-
-    - the keys in region order, then day (a region's days together), cut into equal blocks;
-    - the keys in day order, then region (a day's regions together), cut into equal blocks;
-    - blocks that are each one key range (a day's or a region's neighbours).
-
-    16 keys (3 days of 6 regions, two days missing) for 2 workers are two blocks of 8: three
-    regions' days each, run as one or two ranges; as single ranges they were six blocks of a
-    region's days, three runs a worker: fewer, bigger runs take less time and less CPU.
-
-    A selection of at most :data:`MAX_PARTITIONS_PER_RUN` keys (or ``max_per_run``, when
-    smaller) is one block: one process runs it, with no worker to start. A bigger one is
-    shared out even when one run could take it all (small partitions): two processes of half
-    as many partitions each finish first.
-    """
-    from assets.partitions import PARTITIONS
-
-    if workers <= 1 or len(keys) <= min(max_per_run, MAX_PARTITIONS_PER_RUN):
-        return [keys] if keys else []
-    order = PARTITIONS.get_partition_keys()
-    rounds = -(-len(keys) // (workers * max_per_run))
-    size = -(-len(keys) // (workers * rounds))
-    pos = {k: i for i, k in enumerate(order)}
-    region_rank = _region_ranks(order)
-
-    def by_region(key: str) -> tuple[int, str]:
-        day, region = split_partition_key(key)
-        return (region_rank.get(region, len(region_rank)), day)
-
-    def by_day(key: str) -> int:
-        return pos.get(key, len(order))
-
-    def ranges(block: list[str]) -> int:
-        return len(contiguous_groups(block, order, max_per_run))
-
-    candidates = [[sorted(block, key=by_day) for block in _cut(sorted(keys, key=along), size)]
-                  for along in (by_region, by_day)]
-    candidates.append(min(range_groupings(keys, order, size), key=lambda blocks: _makespan(blocks, workers)))
-    return min(candidates, key=lambda blocks: (_makespan(blocks, workers, ranges), len(blocks)))
-
-
-def _makespan(blocks: list[list[str]], workers: int,
-              ranges: Callable[[list[str]], int] = lambda _block: 1) -> float:
-    """When the last worker would finish, each taking the next block as it is free (a block
-    costs its partitions plus about half a partition for each of its runs, ``ranges(block)``)."""
-    free = [0.0] * workers
-    for block in blocks:
-        i = free.index(min(free))
-        free[i] += len(block) + 0.5 * ranges(block)
-    return max(free)
 
 
 def _die_with_parent() -> None:
@@ -623,58 +361,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def worker_cores(workers: int, allowed: set[int] | None = None) -> list[set[int]] | None:
-    """The core each of ``workers`` processes keeps to, or None to let them all run anywhere.
-
-    Each process gets a core of its own when the workers fill every core this process may use
-    (``allowed``: by default its own CPU affinity, Linux only), as the default of one worker a
-    core does; else none is pinned. Fewer workers than cores run free: another program, or a
-    second backfill, pinned the same way, would otherwise share their first cores while the
-    others idle.
-
-    A worker running free moves between cores, and so do its helper threads (the lake's
-    writers, Arrow's and delta-rs's pools), which costs it the caches it warmed: each held to
-    its core, two workers spend much less time in their phase attempts than left to the
-    scheduler. PostgreSQL's processes are not pinned and take whichever core is free.
-
-    Example:
-        >>> worker_cores(2, {0, 1})
-        [{0}, {1}]
-        >>> worker_cores(2, {0, 1, 2, 3}) is None
-        True
-    """
-    if allowed is None:
-        if not hasattr(os, "sched_getaffinity"):
-            return None
-        allowed = os.sched_getaffinity(0)
-    if workers <= 1 or len(allowed) != workers:
-        return None
-    return [{core} for core in sorted(allowed)]
-
-
-def _pin(cores: set[int] | None) -> None:
-    """Keep every thread of this process to ``cores``: those running now (Arrow's and delta-rs's
-    pools start theirs early) and, as each new thread takes its starter's, every one to come."""
-    if cores is None:
-        return
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]  # the calling thread only
-    for tid in threads:
-        with contextlib.suppress(OSError):  # gone meanwhile, or not allowed here: left as it is
-            os.sched_setaffinity(tid, cores)
-
-
-def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None,  # noqa: ANN001 - multiprocessing queues
-            cores: set[int] | None = None) -> None:
+def _worker(tasks, results, preflight: bool, max_per_run: int, force: Force | None) -> None:  # noqa: ANN001 - queues
     """One worker process: run blocks of keys until there are none, every finished partition
-    reported on ``results``; ``None`` last (or the error that stopped it). ``cores``: the cores
-    it keeps to (:func:`worker_cores`)."""
+    reported on ``results``; ``None`` last (or the error that stopped it)."""
     from pipeline.console import quiet_console
 
     _die_with_parent()
-    _pin(cores)
     quiet_console()
     try:
         while (block := tasks.get()) is not None:
@@ -713,7 +405,8 @@ def _worker_context():  # -> multiprocessing context
     return mp.get_context("fork")
 
 
-def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progress | None = None,
+def run_partitions_in_workers(keys: list[str], *, workers: int, on_start: Callable[[str], None] | None = None,
+                              on_result: Callable[[PartitionRun], None] | None = None,
                               preflight: bool = True, max_per_run: int | None = None,
                               force: Force | None = None) -> list[PartitionRun]:
     """Run the partitions in up to ``workers`` processes at once, each running blocks of
@@ -722,9 +415,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     This process is one of them: it takes blocks from the same queue as the ``workers - 1``
     processes it starts (:func:`_worker_context`). A thread of this process reports what the
     others finish. Each process has its own Dagster runs, ledger sessions and leases; the ledger keeps
-    every phase exactly-once whichever process runs it. When the processes fill every core,
-    each keeps to one of its own (:func:`worker_cores`). Once PostgreSQL is gone, no further
-    block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
+    every phase exactly-once whichever process runs it; the operating system places the
+    processes on the cores. Once PostgreSQL is gone, no further block is started. ``max_per_run``: by default :func:`partitions_per_run` of the landing zone.
     """
     import threading
 
@@ -735,7 +427,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
         max_per_run = partitions_per_run(keys, Landing(load_settings().landing))
     blocks = worker_blocks(keys, workers, max_per_run)
     if len(blocks) <= 1:  # one worker, or one range run's worth of keys
-        return run_partitions(keys, progress=progress, preflight=preflight, max_per_run=max_per_run, force=force)
+        return run_partitions(keys, on_start=on_start, on_result=on_result, preflight=preflight,
+                              max_per_run=max_per_run, force=force)
     ctx = _worker_context()
     tasks, results = ctx.Queue(), ctx.Queue()
     for block in blocks:
@@ -743,14 +436,11 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     n = min(workers, len(blocks))
     for _ in range(n):
         tasks.put(None)  # one end marker per consumer: the n - 1 processes and this one
-    cores = worker_cores(n) or [None] * n
-    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force, cores[i]),
+    procs = [ctx.Process(target=_worker, args=(tasks, results, preflight, max_per_run, force),
                          name=f"stormlake-worker-{i}")
              for i in range(1, n)]
     for proc in procs:
         proc.start()
-    own_cores = os.sched_getaffinity(0) if cores[0] is not None else None
-    _pin(cores[0])  # this process is the first worker (its threads to come keep to its core too)
     runs: list[PartitionRun] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -758,8 +448,8 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
     def finished(run: PartitionRun) -> None:
         with lock:
             runs.append(run)
-            if progress:
-                progress.finished(run)
+            if on_result:
+                on_result(run)
         if run.ledger_down:
             _drain(tasks)
 
@@ -792,9 +482,6 @@ def run_partitions_in_workers(keys: list[str], *, workers: int, progress: Progre
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-        _pin(own_cores)  # free again: whatever this process does next may use every core
-    if progress:
-        progress.close()
     if errors:
         raise errors[0]
     return runs

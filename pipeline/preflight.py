@@ -13,13 +13,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from assets.context import PartitionRef
 from assets.phases import PHASES
 from assets.runner import PhaseRunner
-from pipeline.progress import PartitionRun
+from resources.errors import DB_DOWN_CLASSES
 from resources.ledger import Checkpoint
 from resources.settings import Settings, load_regions
+
+
+@dataclass
+class PartitionRun:
+    """What a CLI run reports for one partition: each phase's outcome, its deliveries, its error."""
+
+    key: str
+    ok: bool
+    run_id: str
+    seconds: float
+    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
+    delivered: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_class: str | None = None
+
+    @property
+    def ledger_down(self) -> bool:
+        return self.error_class in DB_DOWN_CLASSES
 
 
 def light_runner(settings: Settings) -> PhaseRunner:

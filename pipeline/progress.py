@@ -1,33 +1,16 @@
-"""What a CLI run reports, partition by partition, and its progress display (no Dagster import:
-the preflight uses them before it decides whether Dagster is needed at all)."""
+"""The CLI's progress display: one line per finished partition (what the runs report,
+:class:`pipeline.preflight.PartitionRun`), a bar redrawn in place on a TTY."""
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from assets.phases import PHASES
 
-# Errors that mean PostgreSQL (ledger and Dagster storage live on the same server) is gone:
-# later partitions would fail the same way, so a backfill stops at the first one.
-DB_DOWN_CLASSES = {"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"}
-
-
-@dataclass
-class PartitionRun:
-    key: str
-    ok: bool
-    run_id: str
-    seconds: float
-    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
-    delivered: list[str] = field(default_factory=list)
-    error: str | None = None
-    error_class: str | None = None
-
-    @property
-    def ledger_down(self) -> bool:
-        return self.error_class in DB_DOWN_CLASSES
+if TYPE_CHECKING:
+    from pipeline.preflight import PartitionRun
 
 
 class Progress:

@@ -39,12 +39,16 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from assets.plan import line_groups
 from resources import dagster_compat
 from resources.keys import (
     AUTO_RETRY_TAG,
+    COPIES_TAG,
     FAILED_PARTITIONS_TAG,
     MAX_RETRIES_TAG,
     PARENT_RUN_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
     RETRY_ON_FAILURE_TAG,
     failed_partitions,
     split_partition_key,
@@ -53,37 +57,6 @@ from resources.keys import (
 if TYPE_CHECKING:
     from resources.landing import Landing
 
-RANGE_START_TAG, RANGE_END_TAG = dagster_compat.partition_range_tags()
-#: The copies a cut range run was given (a JSON list of run ids), on the run itself.
-COPIES_TAG = "stormlake/range_copies"
-
-
-def line_groups(keys: Sequence[str], kind: Callable[[str], Hashable],
-                skip: frozenset[str] = frozenset()) -> list[list[str]]:
-    """``keys`` (a key range in Dagster's order: days, then regions) without ``skip``, cut into
-    groups of consecutive keys of one ``kind`` (landed or not, dead-lettered or not), each a
-    range of its own.
-
-    A range over one day or one region is a line, cut where a skipped key is or where the kind
-    changes; a range over several days and regions is cut at each day as well, so that every
-    group is a range of one day's regions or one region's days.
-    """
-    days = {split_partition_key(k)[0] for k in keys}
-    regions = {split_partition_key(k)[1] for k in keys}
-    by_day = len(days) > 1 and len(regions) > 1
-    groups: list[list[str]] = []
-    last: tuple[str, Hashable] | None = None  # (day, kind) of the previous key kept, while consecutive
-    for key in keys:
-        if key in skip:
-            last = None
-            continue
-        day = split_partition_key(key)[0] if by_day else ""
-        state = (day, kind(key))
-        if state != last:
-            groups.append([])
-        groups[-1].append(key)
-        last = state
-    return groups
 
 
 def failed_in_parent(instance: dg.DagsterInstance, run: dg.DagsterRun) -> frozenset[str]:

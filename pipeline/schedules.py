@@ -5,7 +5,7 @@ that just ended, every region's, with every file landed by then. While the day w
 is a partition), the landing sensor ran each new version of its files; this run makes the day's
 last revision, its final one (a changed file of a closed day later still makes a new revision,
 as late data of any past day does). Its requests come in the key ranges a UI backfill's runs have
-(:func:`pipeline.orchestrate.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
+(:func:`assets.plan.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
 regions a run; a day of 50 regions is 7 runs, not 50). Each run's run key is its range
 (``<first key>..<last key>``, or the partition key for a range of one), so a tick evaluated
 twice (daemon restart, a manual "test tick") never launches a partition twice. The run
@@ -30,8 +30,8 @@ import datetime as dt
 import dagster as dg
 
 from assets.partitions import first_day, region_ids
+from assets.plan import range_run_requests
 from pipeline.jobs import observe_landing, storm_job
-from pipeline.orchestrate import range_run_requests
 from resources.keys import LAUNCHED_BY, partition_key
 
 OBSERVE_CRON = "*/15 * * * *"

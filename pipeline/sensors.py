@@ -6,7 +6,7 @@
     reading: :meth:`Landing.stat_fingerprint`), so a tick over a year of folders is cheap. The
     cursor is a JSON map ``partition key -> fingerprint``; the partitions whose fingerprint changed
     (or are new) are requested in the key ranges a UI backfill's runs have
-    (:func:`pipeline.orchestrate.range_run_requests`), each with the run key
+    (:func:`assets.plan.range_run_requests`), each with the run key
     ``landing:<key>:<fingerprint>`` (one partition) or ``landing:<first>..<last>:<digest of the
     fingerprints>`` (a range), so the same files never launch twice and changed files always
     launch again. Before requesting, the ledger is
@@ -62,10 +62,10 @@ import dagster as dg
 from assets.landing_files import changed_versions, observations
 from assets.partitions import landing_keys, split_key
 from assets.phases import PHASES, table_keys
+from assets.plan import range_run_requests
 from pipeline.jobs import storm_job
-from pipeline.orchestrate import RANGE_END_TAG, RANGE_START_TAG, range_run_requests
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
-from resources.keys import LAUNCHED_BY
+from resources.keys import LAUNCHED_BY, RANGE_END_TAG, RANGE_START_TAG
 from resources.landing import Landing, NotAPartition, utc_today
 from resources.ledger import Event, Ledger
 from resources.ledger_resource import LedgerResource
@@ -257,7 +257,7 @@ def outbox_run_key(group: list[Pending]) -> str:
 def continuation_requests(ready: list[Pending]) -> list[dg.RunRequest]:
     """The runs of the phases after each event's phase, for its partition: the phases' tables and
     graders. Partitions that stopped after the same phase are continued together, in the key
-    ranges of a backfill's runs (:func:`pipeline.orchestrate.range_run_requests`): a year's
+    ranges of a backfill's runs (:func:`assets.plan.range_run_requests`): a year's
     backfill whose runs died is continued by one run per range, not one per partition; a range
     of one is a request of its partition."""
     from assets.materialize import grader_key

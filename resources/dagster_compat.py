@@ -15,8 +15,6 @@ run that test first.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -41,18 +39,6 @@ def data_version_tag() -> str:
     from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
     return DATA_VERSION_TAG
-
-
-def partition_range_tags() -> tuple[str, str]:
-    """The (start, end) tags that make a run a partition key range run.
-
-    ``JobDefinition.execute_in_process`` takes one ``partition_key`` and no range; these tags
-    (what the UI and the daemon put on a range run, ``dagster._core.storage.tags``) are the only
-    way to run a key range in process.
-    """
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
-    return ASSET_PARTITION_RANGE_START_TAG, ASSET_PARTITION_RANGE_END_TAG
 
 
 def step_error_wrappers() -> frozenset[str]:
@@ -91,77 +77,6 @@ def latest_observation_versions(instance: dg.DagsterInstance, asset_key: dg.Asse
     tags = instance.event_log_storage.get_latest_tags_by_partition(
         asset_key, dg.DagsterEventType.ASSET_OBSERVATION, [tag], asset_partitions=keys)
     return {k: t[tag] for k, t in tags.items() if tag in t}
-
-
-def add_asset_metadata(context: dg.AssetExecutionContext,
-                       entries: Iterable[tuple[str, str, dict[str, Any]]]) -> None:
-    """``context.add_asset_metadata(metadata, asset_key=table, partition_key=key)`` for each
-    ``(table, key, metadata)`` of a range step, checked and added at once.
-
-    Dagster's method checks each call's partition against the keys of the step's range, which it
-    lists again each time (``get_partition_keys_in_range`` of the multi-partitions definition),
-    and copies every entry added before into a new accumulator, so a range step's calls (one per
-    table and partition) grow with the square of its partitions. Here the asset keys and the
-    partitions are checked once against the step's, with Dagster's own error for one that is not
-    being materialized, and the entries merged into the step's accumulator in one copy (the
-    accumulator and its handles are internal). Where those are missing, each entry goes through
-    the public method.
-    """
-    import dagster as dg
-
-    entries = list(entries)
-    try:
-        from dagster._core.execution.context.metadata_logging import (
-            AssetMetadataHandle,
-            OutputMetadataAccumulator,
-        )
-
-        step = context.get_step_execution_context()
-        accumulator = step._metadata_accumulator  # noqa: SLF001
-        assets_def = step.assets_def
-    except (ImportError, AttributeError):
-        for table, key, metadata in entries:
-            context.add_asset_metadata(metadata, asset_key=table, partition_key=key)
-        return
-    targeted = set(context.partition_keys)
-    handles = [(AssetMetadataHandle(asset_key=dg.AssetKey.from_coercible(table), partition_key=key), metadata)
-               for table, key, metadata in entries]
-    if assets_def is None or any(h.asset_key not in assets_def.keys or h.partition_key not in targeted
-                                 for h, _ in handles):
-        for table, key, metadata in entries:  # Dagster's own checks and errors
-            context.add_asset_metadata(metadata, asset_key=table, partition_key=key)
-        return
-    merged = dict(accumulator.per_output_metadata)
-    for handle, metadata in handles:
-        merged[handle] = {**merged.get(handle, {}), **metadata}
-    step._metadata_accumulator = OutputMetadataAccumulator(per_output_metadata=merged)  # noqa: SLF001
-
-
-def log_observations(context: dg.AssetExecutionContext, observations: list[dg.AssetObservation]) -> None:
-    """Log a step's observations as one batch: one insert for all of them, not one each.
-
-    ``context.log_event`` stores each observation on its own (an insert, its tags, the asset's
-    index row, each in its own transaction), a cost a key range's ingest step pays per partition. Dagster writes the
-    asset events of a step's output as one batch when they carry batch metadata (with
-    ``DAGSTER_EVENT_BATCH_SIZE`` set, :data:`pipeline.instance.EVENT_BATCH_ENV`), and
-    dagster-postgres stores a batch of observations with one insert. ``log_event`` takes no
-    batch metadata, so the events are made here as it makes them (``DagsterEvent.asset_observation``,
-    which logs the event, and the context's list of the step's events, which the step yields),
-    with the metadata of one batch. Without batch writing each is stored alone, as before.
-    """
-    from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
-
-    if len(observations) < 2:
-        for obs in observations:
-            context.log_event(obs)
-        return
-    op_context = context.op_execution_context
-    step = op_context._step_execution_context  # noqa: SLF001
-    batch_id = generate_event_batch_id()
-    last = len(observations) - 1
-    for i, obs in enumerate(observations):
-        op_context._events.append(  # noqa: SLF001 - what log_event does with the event it makes
-            DagsterEvent.asset_observation(step, obs, DagsterEventBatchMetadata(batch_id, i == last)))
 
 
 def refresh_input_version(context: dg.AssetExecutionContext, input_key: dg.AssetKey) -> None:
@@ -207,122 +122,6 @@ def pool_storage_connections(instance: dg.DagsterInstance, *, max_overflow: int)
     other process. No statement timeout (0): a phase's storage calls may wait on the pools.
     """
     instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=max_overflow)
-    remember_tables(instance)
-    batch_planned_events(instance)
-
-
-def remember_tables(instance: dg.DagsterInstance) -> None:
-    """Answer the storages' questions about their own schema from memory after the first look.
-
-    dagster-postgres asks ``has_table`` (an inspector query on a fresh connection) for every asset
-    event it stores, to see whether optional tables exist (dagster-io/dagster#34058, #34020): a
-    round trip for every one of a partition's ten materializations. The storages also read every column of a table from the catalog to see whether an
-    optional one exists: ``asset_keys`` when storing an asset event or reading asset records (a
-    step's inputs' data versions), ``runs`` when creating a run, storing a run event or reading a
-    run's record: a catalog read beside many of the statements a backfill sends.
-
-    Tables and columns are only ever added, by ``dagster instance migrate`` or stormlake's own
-    storage creation, both before the process starts its runs, so a table's answer once given
-    stays true for the process's life, and a column that exists keeps existing (a column check is
-    asked again until it is there). The methods are instance attributes of the storage objects,
-    not public API; one that is missing is left out.
-    """
-    storage = instance.event_log_storage
-    if hasattr(storage, "has_table") and not hasattr(storage.has_table, "cache_info"):
-        storage.has_table = functools.cache(storage.has_table)  # type: ignore[method-assign]
-    _remember_yes(storage, "has_asset_key_col")
-    _remember_yes(storage, "_has_asset_key_col_on_connection", skip=1)  # (conn, column): by column
-    for name in ("has_run_stats_index_cols", "has_backfill_id_column", "has_bulk_actions_selector_cols",
-                 "has_bulk_action_job_name_column"):
-        _remember_yes(instance.run_storage, name)
-
-
-def _remember_yes(obj: object, name: str, *, skip: int = 0) -> None:
-    """Keep ``obj.name``'s True answers per arguments (after the first ``skip``, a connection).
-
-    Only a plain method is wrapped: a property (Dagster caches some checks itself that way) or a
-    missing name is left as it is.
-    """
-    if not inspect.isfunction(inspect.getattr_static(type(obj), name, None)):
-        return
-    method = getattr(obj, name)
-    if getattr(method, "stormlake_remembered", False):
-        return
-    yes: set[tuple] = set()
-
-    def remembered(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the method's own arguments and answer
-        if kwargs:  # not how Dagster asks today: asked as it is
-            return method(*args, **kwargs)
-        key = args[skip:]
-        if key in yes:
-            return True
-        answer = method(*args)
-        if answer is True:
-            yes.add(key)
-        return answer
-
-    remembered.stormlake_remembered = True  # type: ignore[attr-defined]
-    setattr(obj, name, remembered)
-
-
-def batch_planned_events(instance: dg.DagsterInstance) -> None:
-    """Store a new run's planned events with one insert instead of one statement each.
-
-    Creating a run of a partitioned asset, Dagster writes one ``ASSET_MATERIALIZATION_PLANNED``
-    event per asset and partition (the UI's failed and in-progress partitions are read from
-    them) and one ``ASSET_CHECK_EVALUATION_PLANNED`` per check, reported as one batch. Their
-    types differ, and dagster-postgres inserts only a batch of materializations or of
-    observations at once, so it stored each planned event on its own: an insert, a NOTIFY
-    (kept only for old readers), and a transaction updating the asset's index row. A key range
-    run of 20 partitions and ten table assets paid that 200 times
-    (dagster-io/dagster has no batch path for planned events in dagster-postgres 0.29).
-
-    Here the planned materializations of such a batch are one transaction: one multi-row insert
-    into ``event_logs``, the events' tags, and each asset's index row (last run, last event
-    time: an asset's later event overwrites its earlier one, so writing the last one is the
-    same). When that transaction fails it leaves nothing, and Dagster's fallback (each event
-    stored alone) writes each event once. Planned checks (one a phase) are then stored as
-    dagster-postgres stores them; if one of those fails, the fallback writes the planned
-    materializations a second time, which every reader takes as one (the latest per
-    partition). The rows are the ones Dagster writes itself, so every reader (the UI's
-    partition status, the backfill daemon) reads them as before; any other batch goes to
-    dagster-postgres unchanged. Dagster hands a run's planned
-    events over as one batch only when ``DAGSTER_EVENT_BATCH_SIZE`` is set
-    (:data:`pipeline.instance.EVENT_BATCH_ENV`). The method is an instance attribute of the
-    storage object, not public API.
-    """
-    from dagster._core.events import DagsterEventType
-    from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
-
-    storage = instance.event_log_storage
-    if getattr(storage.store_event_batch, "stormlake_batched", False) or not hasattr(storage, "index_transaction"):
-        return
-    planned = DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-    check_planned = DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
-    original = storage.store_event_batch
-
-    def store_event_batch(events):  # noqa: ANN001, ANN202 - Sequence[EventLogEntry] -> None, as Dagster's
-        kinds = [e.get_dagster_event().event_type if e.is_dagster_event else None for e in events]
-        assets = [e for e, kind in zip(events, kinds, strict=True) if kind == planned]
-        if len(assets) < 2 or not set(kinds) <= {planned, check_planned}:
-            return original(events)
-        insert = storage.prepare_insert_event_batch(assets).returning(SqlEventLogStorageTable.c.id)
-        with storage.index_transaction() as conn:
-            ids = [int(row[0]) for row in conn.execute(insert).fetchall()]
-            storage._store_asset_event_tags(conn, assets, ids)  # noqa: SLF001
-            last = {e.get_dagster_event().asset_key: (e, i) for e, i in zip(assets, ids, strict=True)}
-            for e, i in last.values():
-                storage._store_asset_event(conn, e, i)  # noqa: SLF001
-        for e, kind in zip(events, kinds, strict=True):
-            if kind == check_planned:
-                storage.store_event(e)
-        return None
-
-    store_event_batch.stormlake_batched = True  # type: ignore[attr-defined]
-    storage.store_event_batch = store_event_batch  # type: ignore[method-assign]
-
-
-# ---- Dagster's storage on PostgreSQL: created whole, and its pools' rows made up front -------
 
 
 def storage_tables() -> list[sa.Table]:
@@ -447,31 +246,6 @@ def init_pool_limit(instance: dg.DagsterInstance, key: str) -> None:
     instance.event_log_storage.initialize_concurrency_limit_to_default(key)
 
 
-def set_backfill_daemon_interval(seconds: float) -> None:
-    """How long the backfill daemon waits between two looks at the backfills (Dagster: 30 s).
-
-    A backfill launched from the UI waits up to that long before its first run is even
-    submitted, which alone is more than a CLI backfill of a few dozen small partitions takes.
-    The interval is ``dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS``, read by
-    ``execute_backfill_iteration_loop`` when the daemon's backfill thread starts; ``dagster.yaml``
-    has no key for it (its ``backfills`` section sets thread pools only). Called by the run
-    coordinator stormlake's ``dagster.yaml`` names (``pipeline.launcher``), which the daemon
-    builds before it starts its threads. The asset daemon falls back to the same constant when
-    ``auto_materialize.minimum_interval_seconds`` is unset, so stormlake's ``dagster.yaml`` sets
-    that key.
-    """
-    from dagster._daemon import controller
-
-    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = seconds  # type: ignore[assignment]
-
-
-def backfill_daemon_interval() -> float:
-    """The backfill daemon's interval as it stands (see :func:`set_backfill_daemon_interval`)."""
-    from dagster._daemon import controller
-
-    return float(controller.DEFAULT_DAEMON_INTERVAL_SECONDS)
-
-
 def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
     """Execute a run the queue launched, in this process, as ``dagster api execute_run`` does.
 
@@ -511,7 +285,7 @@ def replan_in_failed_run(instance: dg.DagsterInstance, failed_run_id: str, retry
     is the latest and they read as failed, as they are in the ledger. The events are Dagster's
     own planned materializations, one per asset and partition, built as Dagster builds them
     (``DagsterEvent.build_asset_materialization_planned_event``, not exported), and handed over
-    as one batch, as Dagster hands over a new run's (stored by :func:`batch_planned_events`).
+    as one batch, as Dagster hands over a new run's.
     """
     from dagster._core.events import (
         AssetMaterializationPlannedData,
@@ -576,38 +350,3 @@ def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun
         asset_graph=workspace.asset_graph,  # type: ignore[attr-defined]
     )
 
-
-def queue_has_room(instance: dg.DagsterInstance, run: dg.DagsterRun, pools: Iterable[str] = ()) -> bool:
-    """Whether the run queue would start ``run`` now: no run waits in it, fewer runs are active
-    than the instance's ``concurrency.runs.max_concurrent_runs``, none of its
-    ``tag_concurrency_limits`` blocks the run, and none of ``pools`` (the pools of the run's
-    ops) has all its slots claimed or waited for.
-
-    stormlake's run coordinator starts such a run at once instead of queuing it for the queue
-    daemon's next look (``pipeline.launcher``). The limits are the instance's run queue config
-    (``get_concurrency_config``, which merges ``dagster.yaml``'s ``concurrency`` section into the
-    coordinator's); the tag limits are counted by the queue daemon's own
-    ``dagster._utils.tags.TagConcurrencyLimitsCounter`` over the active runs
-    (``dagster._core.storage.dagster_run.ACTIVE_RUN_STATUSES``); the pools' slots are their
-    ``ConcurrencyKeyInfo``, read together (``get_concurrency_infos``). This is stricter than the queue about pools (it blocks a run on any
-    full pool of its ops, the queue on the pools of its first steps only) and leaves the queue's
-    other checks (paused code locations, retries of an unreachable one) to the queue: a run it
-    does not start is queued as usual. Dagster has no public call that asks the queue whether a
-    run would start.
-    """
-    import dagster as dg
-    from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
-    from dagster._utils.tags import TagConcurrencyLimitsCounter
-
-    config = instance.get_concurrency_config().run_queue_config
-    if config is None:
-        return False
-    if instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])) > 0:
-        return False
-    active = list(instance.get_runs(dg.RunsFilter(statuses=list(ACTIVE_RUN_STATUSES))))
-    if 0 <= config.max_concurrent_runs <= len(active):
-        return False
-    if TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run):
-        return False
-    infos = instance.event_log_storage.get_concurrency_infos(list(pools)).values()
-    return not any(i.slot_count and i.active_slot_count + i.pending_step_count >= i.slot_count for i in infos)

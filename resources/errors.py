@@ -138,3 +138,19 @@ class EventDetailInvalid(StormlakeError):
 
 class InjectedFault(StormlakeError):
     """Raised at a named point by the fault-injection setting ``STORMLAKE_FAULTS``."""
+
+
+#: The errors that mean PostgreSQL is gone (the ledger and Dagster's storage share the server), by
+#: class name: the ledger's own, psycopg's and its pool's, and SQLAlchemy's wrappers of them.
+DB_DOWN_CLASSES = frozenset({"LedgerUnavailable", "OperationalError", "PoolTimeout", "InterfaceError"})
+
+
+def database_down(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the database is gone: later work would
+    fail the same way, so a backfill stops at the first one."""
+    seen = exc
+    while seen is not None:
+        if seen.__class__.__name__ in DB_DOWN_CLASSES:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -1,7 +1,7 @@
 """Partition keys: ``YYYY-MM-DD|region_id``, a (day, region) batch as Dagster's multi-partition
-key prints it (its dimensions ordered by name: ``day``, then ``region``); how many of them a run
-takes, stormlake's own run tags, and the run tags of Dagster's that stormlake reads or sets on
-key range runs."""
+key prints it (its dimensions ordered by name: ``day``, then ``region``); and every run tag
+stormlake sets or reads, its own and Dagster's, in one place (how keys become runs is
+:mod:`assets.plan`)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,21 @@ def split_partition_key(key: str) -> tuple[str, str]:
     return day, region_id
 
 
-#: Partitions a key range run holds at most, whatever their size: the phase assets' backfill
-#: policy (a UI backfill's runs: Dagster cuts the selection into ranges of one day's regions or
-#: one region's days, at most this many a run) and the CLI's runs of big partitions
-#: (``pipeline.orchestrate.partitions_per_run``).
-MAX_PARTITIONS_PER_RUN = 8
-
 #: The run tag that says who launched a run (the CLI, the schedule, a sensor).
 LAUNCHED_BY = "stormlake/launched_by"
+
+#: The process running a run and its host: a run executed in a process that died is failed by the
+#: process that finds it so (its pid and the process's start time, :mod:`resources.processes`).
+PID_TAG = "stormlake/pid"
+PID_STARTED_TAG = "stormlake/pid_started"
+HOST_TAG = "stormlake/host"
+
+#: A forced re-run (``stormlake backfill --from PHASE --reason TEXT``, or these tags on any run):
+#: the phase recomputed from, why, who asked, and the id the ledger records it under.
+FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason", "stormlake/by", "stormlake/force_id"
+
+#: The copies a cut range run was given (a JSON list of run ids), on the run itself.
+COPIES_TAG = "stormlake/range_copies"
 
 #: The run tag under which a queued range run whose phase failed for some of its partitions
 #: names them (a JSON list of keys), for the runs Dagster's retry of it becomes
@@ -44,6 +51,12 @@ PARENT_RUN_TAG = "dagster/parent_run_id"
 AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
 MAX_RETRIES_TAG = "dagster/max_retries"
+#: The first and last key of a key range run: what the UI and the backfill daemon put on one, and
+#: the only way to run a key range in process (``execute_in_process`` takes one partition key).
+#: Dagster's values (``dagster._core.storage.tags``, not exported), checked against them by
+#: ``tests/integration/test_dagster_compat.py``.
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 def failed_partitions(tags: Mapping[str, str]) -> frozenset[str]:

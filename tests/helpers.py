@@ -85,7 +85,7 @@ def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:
 def requested_keys(request: dg.RunRequest) -> list[str]:
     """The partitions a run request asks for: its key range, or its one partition."""
     from assets.partitions import PARTITIONS
-    from pipeline.orchestrate import RANGE_END_TAG, RANGE_START_TAG
+    from resources.keys import RANGE_END_TAG, RANGE_START_TAG
 
     start, end = request.tags.get(RANGE_START_TAG), request.tags.get(RANGE_END_TAG)
     if start and end:

@@ -403,13 +403,16 @@ def _child_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
     import dagster as dg
 
     import pipeline.definitions  # noqa: F401  (builds the resources from the scratch environment)
-    from pipeline.orchestrate import Progress, run_partitions
+    from pipeline.orchestrate import run_partitions
+    from pipeline.progress import Progress
 
     with dg.DagsterInstance.get():
         pass  # storage schema created and connection checked before the clock starts
     keys = spec["keys"]
     t = time.perf_counter()
-    runs = run_partitions(keys, progress=Progress(len(keys)))
+    progress = Progress(len(keys))
+    runs = run_partitions(keys, on_start=progress.starting, on_result=progress.finished)
+    progress.close()
     wall = time.perf_counter() - t
     statuses: dict[str, dict[str, int]] = {}
     for run in runs:

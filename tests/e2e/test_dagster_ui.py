@@ -383,7 +383,7 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
 def _check_warm_workers(runs: list[dict[str, Any]]) -> None:
     """Every run was launched by stormlake's run launcher: a fork of its one warm process, a
     process of its own per run (pipeline/launcher.py)."""
-    from pipeline.launcher import HOST_TAG, PID_TAG
+    from resources.keys import HOST_TAG, PID_TAG
 
     pids = [_tag(r, PID_TAG) for r in runs]
     assert all(p and int(p) > 0 for p in pids), [r["tags"] for r in runs]

@@ -32,8 +32,6 @@ def _fail(what: str, relied_on_by: str) -> str:
 # (dotted module, attribute path, parameters that must be there, compat function relying on it)
 PRIVATE = [
     ("dagster._core.definitions.data_version", "DATA_VERSION_TAG", None, "data_version_tag"),
-    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_START_TAG", None, "partition_range_tags"),
-    ("dagster._core.storage.tags", "ASSET_PARTITION_RANGE_END_TAG", None, "partition_range_tags"),
     ("dagster._core.execution.plan.utils", "RetryRequestedFromPolicy", None, "step_error_wrappers"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.get_latest_tags_by_partition",
      ("asset_key", "event_type", "tag_keys", "asset_partitions"), "latest_observation_versions"),
@@ -47,12 +45,6 @@ PRIVATE = [
      "fail_dead_run"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.free_concurrency_slots_for_run", ("run_id",),
      "fail_dead_run"),
-    ("dagster._core.storage.event_log.sql_event_log", "SqlEventLogStorage.prepare_insert_event_batch",
-     ("events",), "batch_planned_events"),
-    ("dagster._core.storage.event_log.sql_event_log", "SqlEventLogStorage._store_asset_event_tags",
-     ("conn", "events", "event_ids"), "batch_planned_events"),
-    ("dagster_postgres.event_log.event_log", "PostgresEventLogStorage._store_asset_event",
-     ("conn", "event", "event_id"), "batch_planned_events"),
     ("dagster._core.events", "DagsterEvent.build_asset_materialization_planned_event",
      ("job_name", "step_key", "asset_materialization_planned_data"), "replan_in_failed_run"),
     ("dagster._core.events", "AssetMaterializationPlannedData", None, "replan_in_failed_run"),
@@ -77,18 +69,6 @@ PRIVATE = [
       "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph"), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_execution_plan_snapshot", ("snapshot_id",), "copy_run"),
     ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
-    ("dagster._core.storage.dagster_run", "ACTIVE_RUN_STATUSES", None, "queue_has_room"),
-    ("dagster._utils.tags", "TagConcurrencyLimitsCounter.is_blocked", ("item",), "queue_has_room"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.get_concurrency_infos", ("concurrency_keys",),
-     "queue_has_room"),
-    ("dagster._core.instance.instance", "DagsterInstance.get_concurrency_config", (), "queue_has_room"),
-    ("dagster._core.execution.context.metadata_logging", "AssetMetadataHandle", None, "add_asset_metadata"),
-    ("dagster._core.execution.context.metadata_logging", "OutputMetadataAccumulator.per_output_metadata", None,
-     "add_asset_metadata"),
-    ("dagster._core.events", "DagsterEvent.asset_observation", ("step_context", "observation", "batch_metadata"),
-     "log_observations"),
-    ("dagster._core.events", "DagsterEventBatchMetadata", None, "log_observations"),
-    ("dagster._core.events", "generate_event_batch_id", None, "log_observations"),
 ]
 
 
@@ -119,6 +99,25 @@ def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.Da
     ensure_pools(dagster_db)
     with dg.DagsterInstance.get() as inst:
         yield inst
+
+
+def test_the_range_tags_are_the_ones_dagster_runs_a_key_range_by(instance: dg.DagsterInstance) -> None:
+    """``resources.keys.RANGE_START_TAG``/``RANGE_END_TAG`` are Dagster's own values: a run made
+    with them in process covers the key range."""
+    from resources.keys import RANGE_END_TAG, RANGE_START_TAG
+
+    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
+    seen: list[list[str]] = []
+
+    @dg.asset(partitions_def=parts)
+    def ranged(context) -> None:  # noqa: ANN001 - Dagster reads the annotation, a string here
+        seen.append(list(context.partition_keys))
+
+    job = dg.Definitions(assets=[ranged]).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: "a", RANGE_END_TAG: "b"})
+    assert result.success and seen == [["a", "b"]], (
+        f"Dagster {VERSION}: a run tagged {RANGE_START_TAG}/{RANGE_END_TAG} no longer covers that key range; "
+        "resources/keys.py names Dagster's range tags (dagster._core.storage.tags)")
 
 
 def test_the_data_version_tag_is_the_one_dagster_reads() -> None:
@@ -201,50 +200,6 @@ def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.Dag
         "the dead run still holds its pool slot", "fail_dead_run")
 
 
-def test_queue_has_room_follows_the_instance_s_run_limits(instance: dg.DagsterInstance) -> None:
-    """stormlake's dagster.yaml: at most 4 runs, 2 of them of backfills (``dagster/backfill``)."""
-    job = one_asset_job()
-
-    def run(status: dg.DagsterRunStatus, **tags: str) -> dg.DagsterRun:
-        return instance.create_run_for_job(job, status=status, tags=tags)
-
-    backfill = {"dagster/backfill": "b1"}
-    candidate = run(dg.DagsterRunStatus.NOT_STARTED, **backfill)
-    assert compat.queue_has_room(instance, candidate), _fail("an empty queue has no room", "queue_has_room")
-    run(dg.DagsterRunStatus.STARTED, **backfill)
-    assert compat.queue_has_room(instance, candidate)
-    run(dg.DagsterRunStatus.STARTING, **backfill)
-    assert not compat.queue_has_room(instance, candidate), _fail(
-        "the tag limit of dagster/backfill (2) does not count starting and started runs", "queue_has_room")
-    other = run(dg.DagsterRunStatus.NOT_STARTED)
-    assert compat.queue_has_room(instance, other)  # a run of no backfill: 2 of 4 runs taken
-    run(dg.DagsterRunStatus.STARTED)
-    run(dg.DagsterRunStatus.CANCELING)
-    assert not compat.queue_has_room(instance, other), _fail("max_concurrent_runs (4) is not counted", "queue_has_room")
-
-
-def test_a_waiting_run_keeps_the_queue_in_order(instance: dg.DagsterInstance) -> None:
-    job = one_asset_job()
-    candidate = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
-    assert compat.queue_has_room(instance, candidate)
-    from dagster._core.remote_origin import (
-        InProcessCodeLocationOrigin,
-        RemoteJobOrigin,
-        RemoteRepositoryOrigin,
-    )
-    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-
-    origin = RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(code_location_origin=InProcessCodeLocationOrigin(
-        loadable_target_origin=LoadableTargetOrigin(module_name="j")), repository_name="r"), job_name="j")
-    waiting = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED, remote_job_origin=origin)
-    instance.report_dagster_event(dg.DagsterEvent(dg.DagsterEventType.PIPELINE_ENQUEUED.value, job_name="j"),
-                                  run_id=waiting.run_id)  # the queue's own event: the run is QUEUED
-    record = instance.get_run_record_by_id(waiting.run_id)
-    assert record is not None and record.dagster_run.status == dg.DagsterRunStatus.QUEUED
-    assert not compat.queue_has_room(instance, candidate), _fail(
-        "a run that waits in the queue does not keep a new one from starting first", "queue_has_room")
-
-
 def _idle_connections(admin_dsn: str, database: str) -> int:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
@@ -282,186 +237,6 @@ def _run_events(dsn: str, run_id: str) -> list[tuple[str, str, str | None]]:
         checks = conn.execute("SELECT 'check', asset_key || check_name, partition FROM asset_check_executions"
                               " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
     return sorted(rows) + sorted(checks)
-
-
-def test_batch_planned_events_writes_dagster_s_rows_in_one_insert(instance: dg.DagsterInstance,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    from pipeline.instance import EVENT_BATCH_ENV, EVENT_BATCH_SIZE
-
-    monkeypatch.setenv(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))  # as every stormlake process sets it
-    dsn = os.environ["STORMLAKE_TEST_DAGSTER_DSN"]
-    job = _range_job()
-    tags = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"}
-    storage = instance.event_log_storage
-    one_by_one: list[str] = []
-    store_event = storage.store_event
-    monkeypatch.setattr(storage, "store_event", lambda e: one_by_one.append(e.run_id) or store_event(e))
-
-    before = instance.create_run_for_job(job, tags=tags)  # Dagster's own path: an event at a time
-    assert one_by_one.count(before.run_id) == 7  # 2 assets x 3 partitions, 1 check
-    compat.batch_planned_events(instance)
-    compat.batch_planned_events(instance)  # a second call leaves the first in place
-    assert storage.store_event_batch.stormlake_batched
-    after = instance.create_run_for_job(job, tags=tags)
-    assert one_by_one.count(after.run_id) == 1, _fail(  # the planned check alone
-        "planned materializations are still stored one at a time", "batch_planned_events")
-
-    expected = _run_events(dsn, before.run_id)
-    assert sum(kind == "ASSET_MATERIALIZATION_PLANNED" for kind, _, _ in expected) == 2 * 3
-    assert any(kind == "check" for kind, _, _ in expected)
-    assert _run_events(dsn, after.run_id) == expected, _fail(
-        "the batched planned events differ from dagster-postgres's", "batch_planned_events")
-    # What the UI reads from them: each planned partition in progress in the newest run, and the
-    # asset's index row pointing at it.
-    for asset in ("t1", "t2"):
-        attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
-            dg.AssetKey(asset))
-        assert {p: run for p, (run, _) in attempts.items()} == dict.fromkeys("abc", after.run_id)
-        assert instance.get_asset_records([dg.AssetKey(asset)])[0].asset_entry.last_run_id == after.run_id
-    # Other batches (a step's materializations) still take dagster-postgres's path.
-    instance.report_runless_asset_event(dg.AssetMaterialization("t1", partition="a"))
-    assert instance.get_latest_materialization_event(dg.AssetKey("t1")) is not None
-
-
-def _metadata_job(extra: list[tuple[str, str]]) -> dg.JobDefinition:
-    """A range step of two assets that observes a source asset's partitions and adds metadata to
-    each (asset, partition) it materializes through the compat helpers, plus the ``extra`` ones."""
-    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
-
-    @dg.multi_asset(specs=[dg.AssetSpec("t1", partitions_def=parts), dg.AssetSpec("t2", partitions_def=parts)],
-                    partitions_def=parts, can_subset=False)
-    def phase(context):  # noqa: ANN001, ANN202 - a string annotation (future import) is refused by Dagster
-        keys = context.partition_keys
-        compat.log_observations(context, [dg.AssetObservation(asset_key="src", partition=k, metadata={"seen": k})
-                                          for k in keys])
-        for table in ("t1", "t2"):
-            compat.add_asset_metadata(context, [(table, k, {"which": f"{table}/{k}"}) for k in keys]
-                                      + [(t, k, {"which": "extra"}) for t, k in extra if t == table])
-            yield dg.MaterializeResult(asset_key=table, metadata={"partitions": len(keys)})
-
-    return dg.Definitions(assets=[phase], jobs=[dg.define_asset_job("j", partitions_def=parts)]).resolve_job_def("j")
-
-
-def test_a_range_step_s_metadata_and_observations_go_in_at_once(instance: dg.DagsterInstance,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """``add_asset_metadata``: each (asset, partition) of a range step gets its own metadata, as
-    Dagster's ``context.add_asset_metadata`` gives it; one the step does not materialize fails
-    the step with Dagster's own error. ``log_observations``: every observation is stored (one
-    batch), and is among the step's events."""
-    from pipeline.instance import EVENT_BATCH_ENV, EVENT_BATCH_SIZE
-
-    monkeypatch.setenv(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))
-    tags = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "b"}
-    result = _metadata_job([]).execute_in_process(instance=instance, tags=tags)
-    assert result.success
-    mats = {(m.asset_key.to_user_string(), m.partition): m.metadata for m in (
-        e.step_materialization_data.materialization for e in result.all_events if e.is_step_materialization)}
-    assert set(mats) == {(t, k) for t in ("t1", "t2") for k in "ab"}
-    for (table, key), meta in mats.items():
-        assert meta["which"].value == f"{table}/{key}" and meta["partitions"].value == 2, _fail(
-            f"the metadata of {table} {key} reads {dict(meta)}", "add_asset_metadata")
-    logged = [e.asset_observation_data.asset_observation for e in result.all_events
-              if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
-    assert sorted(o.partition for o in logged) == ["a", "b"], _fail("the step's observations are not its events",
-                                                                    "log_observations")
-    stored = instance.fetch_observations(dg.AssetKey("src"), limit=10).records
-    assert sorted((r.partition_key, r.asset_observation.metadata["seen"].value) for r in stored) == [
-        ("a", "a"), ("b", "b")], _fail("the observations were not stored", "log_observations")
-
-    failed = _metadata_job([("t2", "c")]).execute_in_process(instance=instance, tags=tags, raise_on_error=False)
-    assert not failed.success
-    errors = [e.step_failure_data.error for e in failed.all_events if e.is_step_failure]
-    assert errors and "'c' that is not being targeted" in str(errors[0].cause or errors[0]), errors
-
-
-def test_remember_tables_answers_has_table_without_a_query(instance: dg.DagsterInstance) -> None:
-    storage = instance.event_log_storage
-    assert callable(getattr(storage, "has_table", None)), _fail(
-        "the event-log storage has no has_table method any more", "remember_tables")
-    compat.remember_tables(instance)
-    assert storage.has_table("event_logs") is True
-    assert storage.has_table("no_such_table_here") is False
-    assert storage.has_table.cache_info().hits == 0
-    assert storage.has_table("event_logs") is True and storage.has_table.cache_info().hits == 1
-    compat.remember_tables(instance)  # a second call keeps the same cache
-    assert storage.has_table.cache_info().hits == 1
-
-
-def test_remember_yes_wraps_plain_methods_only_and_keeps_only_their_yes() -> None:
-    import functools
-
-    class Storage:
-        def __init__(self) -> None:
-            self.asked: list[str] = []
-
-        @property
-        def kept_by_dagster(self) -> bool:
-            return False
-
-        @functools.cached_property
-        def cached_by_dagster(self) -> bool:
-            return False
-
-        def has_col(self, conn: object, column: str) -> bool:
-            self.asked.append(column)
-            return column == "there"
-
-    storage = Storage()
-    for name in ("kept_by_dagster", "cached_by_dagster", "has_col", "no_such_method"):
-        compat._remember_yes(storage, name, skip=1 if name == "has_col" else 0)  # noqa: SLF001
-    wrapped = storage.has_col
-    compat._remember_yes(storage, "has_col", skip=1)  # noqa: SLF001
-    assert storage.has_col is wrapped  # a second call wraps nothing twice
-    assert storage.kept_by_dagster is False and storage.cached_by_dagster is False
-    answers = [storage.has_col(conn, column) for conn, column in
-               [("c1", "there"), ("c2", "there"), ("c1", "missing"), ("c2", "missing")]]
-    assert answers == [True, True, False, False]
-    assert storage.asked == ["there", "missing", "missing"]  # a yes once, by column; a no each time
-
-
-def test_remember_tables_answers_the_column_checks_without_a_catalog_query(instance: dg.DagsterInstance) -> None:
-    """Once a column check said yes, the storages answer it without reading the catalog again: a
-    run of an asset then sends no catalog query, where before it sent several. A
-    column that is not there is asked again each time."""
-    import sqlalchemy as sa
-
-    catalog: list[str] = []
-
-    def count(conn, cursor, statement, *_args) -> None:  # noqa: ANN001 - SQLAlchemy's listener arguments
-        if "pg_catalog.pg_attribute" in statement:
-            catalog.append(statement)
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", count)
-    try:
-        events, runs = instance.event_log_storage, instance.run_storage
-        for name in ("has_asset_key_col", "_has_asset_key_col_on_connection", "has_run_stats_index_cols",
-                     "has_backfill_id_column", "has_bulk_actions_selector_cols", "has_bulk_action_job_name_column"):
-            assert callable(getattr(events if "asset_key" in name else runs, name, None)), _fail(
-                f"the storage has no {name} method any more", "remember_tables")
-        one_asset_job().execute_in_process(instance=instance)
-        assert catalog, "a run without remember_tables read no column from the catalog: nothing to remember"
-        compat.remember_tables(instance)
-        assert events.has_asset_key_col("last_materialization_timestamp") is True
-        assert runs.has_run_stats_index_cols() is True and runs.has_backfill_id_column() is True
-        # A check Dagster keeps as a property stays one: its answer, not a function in its place.
-        assert isinstance(events.has_default_pool_limit_col, bool)
-        catalog.clear()
-        with events.index_connection() as conn:
-            assert events._has_asset_key_col_on_connection(conn, "last_materialization_timestamp") is True  # noqa: SLF001
-        assert events.has_asset_key_col("last_materialization_timestamp") is True
-        assert runs.has_run_stats_index_cols() is True
-        result = one_asset_job().execute_in_process(instance=instance)
-        assert result.success and catalog == [], catalog
-        assert events.has_asset_key_col("no_such_column") is False
-        assert events.has_asset_key_col("no_such_column") is False and len(catalog) == 2
-        wrapped = events.has_asset_key_col
-        compat.remember_tables(instance)
-        assert events.has_asset_key_col is wrapped  # a second call wraps nothing twice
-        assert events.has_asset_key_col("last_materialization_timestamp") is True and len(catalog) == 2
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", count)
 
 
 def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,

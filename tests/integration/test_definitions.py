@@ -13,8 +13,8 @@ import dagster as dg
 import pytest
 
 from assets.phases import PHASES
+from assets.plan import MAX_PARTITIONS_PER_RUN
 from assets.schemas import SCHEMAS, table_schema
-from resources.keys import MAX_PARTITIONS_PER_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = ("ingested_batch", "enriched_outages", "storm_correlation", "operational_picture")

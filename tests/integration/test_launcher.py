@@ -20,7 +20,6 @@ import uuid
 import dagster as dg
 import pytest
 
-from resources import dagster_compat
 from tests.dagster_jobs import one_asset_job
 
 HANG_GUARD_S = 120  # a deadline against hanging forever, not a performance assertion
@@ -53,33 +52,18 @@ def _wait_gone(pid: int) -> None:
 
 
 def test_the_instance_builds_the_queue_and_launcher_of_its_dagster_yaml(instance) -> None:  # noqa: ANN001
-    from pipeline.instance import BACKFILL_INTERVAL_S, DEQUEUE_INTERVAL_S, MAX_CONCURRENT_RUNS
+    from pipeline.instance import DEQUEUE_INTERVAL_S, MAX_CONCURRENT_RUNS
     from pipeline.launcher import StormlakeRunCoordinator, WarmRunLauncher
 
-    assert dagster_compat.backfill_daemon_interval() == 30  # Dagster's, before the coordinator is built
     coordinator = instance.run_coordinator
     assert isinstance(coordinator, StormlakeRunCoordinator)
     assert isinstance(instance.run_launcher, WarmRunLauncher)
-    assert dagster_compat.backfill_daemon_interval() == BACKFILL_INTERVAL_S
     queue = instance.get_concurrency_config().run_queue_config
     assert queue is not None and queue.max_concurrent_runs == MAX_CONCURRENT_RUNS
     assert [dict(lim) for lim in queue.tag_concurrency_limits] == [{"key": "dagster/backfill", "limit": 2}]
     assert coordinator.dequeue_interval_seconds == DEQUEUE_INTERVAL_S
     # The daemon would run the queue (a QueuedRunCoordinator) and the backfills.
     assert {"QUEUED_RUN_COORDINATOR", "BACKFILL", "MONITORING"} <= set(instance.get_required_daemon_types())
-
-
-def test_the_backfill_loop_reads_the_interval_the_coordinator_sets() -> None:
-    """The backfill daemon's loop takes its interval from the constant the coordinator sets,
-    when it starts: a Dagster upgrade that moves it breaks the UI's backfill latency."""
-    from dagster._daemon import backfill, controller
-
-    code = backfill.execute_backfill_iteration_loop.__code__
-    assert "DEFAULT_DAEMON_INTERVAL_SECONDS" in code.co_names, (
-        "dagster._daemon.backfill.execute_backfill_iteration_loop no longer reads "
-        "dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS: "
-        "resources/dagster_compat.py:set_backfill_daemon_interval has no effect")
-    assert isinstance(controller.DEFAULT_DAEMON_INTERVAL_SECONDS, int | float)
 
 
 def test_the_warm_process_forks_a_worker_per_run_and_is_replaced_when_the_code_changes(
@@ -116,7 +100,7 @@ def test_the_warm_process_forks_a_worker_per_run_and_is_replaced_when_the_code_c
 
 
 def test_health_and_termination_find_the_worker_by_its_tags(instance) -> None:  # noqa: ANN001
-    from pipeline.launcher import HOST_TAG, PID_STARTED_TAG, PID_TAG
+    from resources.keys import HOST_TAG, PID_STARTED_TAG, PID_TAG
 
     warm = instance.run_launcher
     here = socket.gethostname()
@@ -166,8 +150,8 @@ def test_a_cli_run_is_reaped_when_its_process_is_gone_or_its_pid_taken(instance)
     """``reap_dead_cli_runs`` fails the STARTED runs of CLI processes that died, and only those: a
     run whose pid a later process got (another start time) is dead too; a run of a live process,
     or of another host, is kept. A run tagged before start times were recorded goes by its pid."""
-    from pipeline.orchestrate import HOST_TAG, PID_STARTED_TAG, PID_TAG, reap_dead_cli_runs
-    from resources.keys import LAUNCHED_BY
+    from pipeline.orchestrate import reap_dead_cli_runs
+    from resources.keys import HOST_TAG, LAUNCHED_BY, PID_STARTED_TAG, PID_TAG
     from resources.processes import started
 
     here = socket.gethostname()
@@ -252,17 +236,3 @@ def test_only_dagster_s_own_retry_leaves_the_failed_partitions_out(instance) -> 
     assert failed_in_parent(instance, manual) == frozenset()
 
 
-def test_a_full_pool_keeps_a_run_in_the_queue(instance) -> None:  # noqa: ANN001
-    """The coordinator starts a run at once only when none of the phases' pools is full."""
-    job = one_asset_job()
-    pool = "stormlake_ingest"
-    instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
-    limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
-    assert limit > 0
-    candidate = instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
-    assert dagster_compat.queue_has_room(instance, candidate, [pool])
-    holders = [instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED) for _ in range(limit)]
-    for holder in holders:
-        instance.event_log_storage.claim_concurrency_slot(pool, holder.run_id, "one")
-    assert not dagster_compat.queue_has_room(instance, candidate, [pool])
-    assert dagster_compat.queue_has_room(instance, candidate, [])  # the run limits alone have room (2 of 4)

@@ -726,9 +726,9 @@ def test_a_range_of_dead_lettered_partitions_is_passed_over(sl_env: dict[str, st
     one fails, after the healthy one's phase completed (the run coordinator keeps such ranges
     apart, pipeline.range_runs)."""
     from pipeline.launcher import dead_lettered  # what the run coordinator keeps apart
-    from resources.dagster_compat import partition_range_tags
+    from resources.keys import RANGE_END_TAG as end_tag
+    from resources.keys import RANGE_START_TAG as start_tag
 
-    start_tag, end_tag = partition_range_tags()
     limit = load_settings().dead_letter_after
     keys = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt"]
     for key in keys:

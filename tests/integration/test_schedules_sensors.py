@@ -16,11 +16,11 @@ import pytest
 
 from assets.partitions import region_ids
 from assets.phases import ENRICH, INGEST, PHASES, table_keys
+from assets.plan import MAX_PARTITIONS_PER_RUN
 from pipeline.range_runs import range_keys
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_run_key, landing_sensor, outbox_sensor
 from resources.dagster_compat import fail_dead_run
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
-from resources.keys import MAX_PARTITIONS_PER_RUN
 from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
 from tests.helpers import KEY, materialize, requested_keys

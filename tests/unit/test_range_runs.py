@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from pipeline.range_runs import line_groups, range_kinds
+from assets.plan import line_groups
+from pipeline.range_runs import range_kinds
 from resources.keys import partition_key, split_partition_key
 
 REGIONS = ["r1", "r2", "r3", "r4", "r5"]

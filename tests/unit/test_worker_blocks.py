@@ -3,28 +3,21 @@ shared among its worker processes."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import sys
-import threading
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from assets.partitions import PARTITIONS
-from pipeline.orchestrate import (
+from assets.plan import (
     MAX_PARTITIONS_PER_RUN,
     MAX_SMALL_PARTITIONS_PER_RUN,
-    RANGE_START_TAG,
     RUN_LANDING_BYTES,
-    _pin,
     contiguous_groups,
     partitions_per_run,
     range_run_requests,
     worker_blocks,
-    worker_cores,
 )
+from resources.keys import RANGE_START_TAG
 from tests.helpers import requested_keys
 
 REGIONS = ("gulf_coast", "pine_belt", "red_hills", "piedmont", "blue_ridge", "tidewater")  # the region file's order
@@ -165,47 +158,3 @@ def test_small_partitions_are_still_shared_among_the_workers() -> None:
     check_blocks(blocks, week, 64)
     assert worker_blocks(keys(1) + ["2026-09-02|gulf_coast"], workers=2, max_per_run=64) == [
         keys(1) + ["2026-09-02|gulf_coast"]]
-
-
-def test_each_worker_gets_a_core_of_its_own_when_they_fill_the_machine() -> None:
-    assert worker_cores(2, {0, 1}) == [{0}, {1}]
-    assert worker_cores(3, {3, 5, 7}) == [{3}, {5}, {7}]  # the cores this process may use
-    assert worker_cores(3, {0, 1}) is None  # more workers than cores: the scheduler shares them
-    assert worker_cores(2, {0, 1, 2, 3}) is None  # fewer: free, so two such backfills do not share cores 0 and 1
-    assert worker_cores(1, {0, 1}) is None  # one process: free to use every core
-
-
-def _pinned_child(core: int, out) -> None:  # noqa: ANN001 - a multiprocessing queue
-    seen: dict[str, set[int]] = {}
-    started = threading.Event()
-    stop = threading.Event()
-
-    def earlier() -> None:  # a thread already running when the process is pinned
-        started.set()
-        stop.wait()
-        seen["earlier"] = os.sched_getaffinity(threading.get_native_id())
-
-    first = threading.Thread(target=earlier)
-    first.start()
-    started.wait()
-    _pin({core})
-    stop.set()
-    first.join()
-    later = threading.Thread(target=lambda: seen.update(later=os.sched_getaffinity(threading.get_native_id())))
-    later.start()
-    later.join()
-    out.put((os.sched_getaffinity(0), seen["earlier"], seen["later"]))
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
-                    reason="CPU affinity: Linux with two cores or more")
-def test_a_pinned_worker_and_all_its_threads_keep_to_its_core() -> None:
-    core = sorted(os.sched_getaffinity(0))[1]
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_pinned_child, args=(core, out))
-    child.start()
-    main_thread, earlier_thread, later_thread = out.get(timeout=60)
-    child.join(timeout=60)
-    assert main_thread == {core} and earlier_thread == {core} and later_thread == {core}
-    assert len(os.sched_getaffinity(0)) >= 2  # the parent is left as it was
