@@ -38,7 +38,8 @@ import psycopg
 
 from resources import dagster_compat
 from resources.files import write_atomic
-from resources.pgserver import hold_advisory_lock, resolve_dsns
+from resources.logins import resolve_logins
+from resources.pgserver import hold_advisory_lock
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
@@ -126,13 +127,14 @@ EVENT_BATCH_SIZE = 100
 
 
 def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
-    """Write ``dagster.yaml`` for the current settings; return (DAGSTER_HOME, ledger DSN).
+    """Write ``dagster.yaml`` for the current settings; return (DAGSTER_HOME, the pipeline's ledger DSN).
 
     Sets ``DAGSTER_HOME`` (and the storage URL variable when the DSN has a password) in this
     process's environment so that Dagster and any child process find the instance, and
     :data:`EVENT_BATCH_ENV` unless it is set.
     """
-    ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
+    logins = resolve_logins(settings)
+    ledger_dsn, dagster_dsn = logins.pipeline, logins.dagster
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     url = sqlalchemy_url(dagster_dsn)

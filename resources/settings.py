@@ -66,6 +66,10 @@ class Settings:
     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
     lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
     write_together: int = DEFAULT_WRITE_TOGETHER  # small partitions of a range step written in one commit a table (1: each alone)
+    owner_dsn: str | None = None  # STORMLAKE_OWNER_DSN: migrations and new logins (resources.logins)
+    pipeline_dsn: str | None = None  # STORMLAKE_PIPELINE_DSN: the pipeline's own login
+    dagster_dsn: str | None = None  # STORMLAKE_DAGSTER_DSN: Dagster's storage, with credentials of its own
+    file_mode: str = "private"  # STORMLAKE_FILE_MODE: private (0600/0700) or group (0640/0750)
 
     @property
     def pgdata(self) -> Path:
@@ -114,7 +118,21 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
                                           DEFAULT_LAKE_LOG_RETENTION_MINUTES),
         write_together=_whole(get, "STORMLAKE_WRITE_TOGETHER", DEFAULT_WRITE_TOGETHER),
+        owner_dsn=get("STORMLAKE_OWNER_DSN"),
+        pipeline_dsn=get("STORMLAKE_PIPELINE_DSN"),
+        dagster_dsn=get("STORMLAKE_DAGSTER_DSN"),
+        file_mode=_file_mode(get("STORMLAKE_FILE_MODE")),
     )
+
+
+def _file_mode(raw: str | None) -> str:
+    """``STORMLAKE_FILE_MODE``: who may read what stormlake writes (the lake, published artifacts,
+    reports): ``private`` (the default: the user only) or ``group`` (the user's group too)."""
+    if raw is None:
+        return "private"
+    if raw not in ("private", "group"):
+        raise ConfigError(f"STORMLAKE_FILE_MODE={raw!r}: use private (the default) or group")
+    return raw
 
 
 def _workers(get) -> int:  # type: ignore[no-untyped-def]

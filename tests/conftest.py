@@ -34,14 +34,13 @@ def pg_admin_dsn() -> Iterator[str]:
     if external:
         yield external
         return
-    from resources.pgserver import _server
+    from resources.pgserver import embedded_server_dsn, stop_embedded
 
     base = Path(tempfile.mkdtemp(prefix="stormlake-test-pg-"))
-    server = _server(base / "pg")
     try:
-        yield server.get_uri(database="postgres")
+        yield embedded_server_dsn(base / "pg")  # its superuser, with the password it keeps in base/secrets
     finally:
-        server.stop()
+        stop_embedded(base / "pg")
         shutil.rmtree(base, ignore_errors=True)
 
 

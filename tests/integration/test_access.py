@@ -19,7 +19,7 @@ from psycopg import sql
 
 from assets.phases import PHASES
 from pipeline.status import write_json
-from resources.errors import ConfigError
+from resources.errors import AccessRefused, ConfigError
 from resources.ledger import PIPELINE_ROLE, Ledger
 from resources.ledger_views import LedgerViews
 
@@ -33,6 +33,7 @@ MAY_READ = {
     "admin": {"ingest", "enrich", "correlate", "present"},
 }
 READERS = ["ops_reader", "compliance_auditor", "admin"]
+PASSWORD = "a-login-password"
 
 
 @pytest.fixture
@@ -247,21 +248,24 @@ def test_failed_and_pending_count_only_the_phases_a_role_may_read(published: Led
 def test_grant_and_revoke_change_the_policy_and_are_recorded(published: Ledger) -> None:
     owner = Ledger(published.dsn, role=None)
     reader = Ledger(published.dsn, role="ops_reader", audited=True)
+    login = psycopg.conninfo.conninfo_to_dict(published.dsn)["user"]
     try:
-        assert owner.change_access("grant", "ops_reader", "enrich", actor="sec-team", reason="incident review")
+        assert owner.change_access("grant", "ops_reader", "enrich", reason="incident review")
         assert set(LedgerViews(reader).partitions()[0].phases) == {"enrich", "correlate", "present"}
-        assert not owner.change_access("grant", "ops_reader", "enrich", actor="sec-team", reason="twice")
-        assert owner.change_access("revoke", "ops_reader", "enrich", actor="sec-team", reason="review over")
+        assert not owner.change_access("grant", "ops_reader", "enrich", reason="twice")
+        assert owner.change_access("revoke", "ops_reader", "enrich", reason="review over")
         assert set(LedgerViews(reader).partitions()[0].phases) == {"correlate", "present"}
         assert owner.access_policy()["enrich"] == ["admin", "resume_worker"]
         with psycopg.connect(published.dsn) as conn:
-            actions = conn.execute("SELECT action, phase, actor, reason, detail->>'role' FROM operator_actions"
+            actions = conn.execute("SELECT action, phase, actor, login, reason, detail->>'role' FROM operator_actions"
                                    " ORDER BY action_id").fetchall()
-        assert actions == [("grant", "enrich", "sec-team", "incident review", "ops_reader"),
-                           ("grant", "enrich", "sec-team", "twice", "ops_reader"),
-                           ("revoke", "enrich", "sec-team", "review over", "ops_reader")]
-        with pytest.raises(ConfigError, match="no database role"):
-            owner.change_access("grant", f"nobody_{uuid.uuid4().hex[:6]}", "enrich", actor="x", reason="y")
+        assert actions == [("grant", "enrich", login, login, "incident review", "ops_reader"),
+                           ("grant", "enrich", login, login, "twice", "ops_reader"),
+                           ("revoke", "enrich", login, login, "review over", "ops_reader")]
+        with pytest.raises(AccessRefused, match="no database role"):
+            owner.change_access("grant", f"nobody_{uuid.uuid4().hex[:6]}", "enrich", reason="y")
+        with pytest.raises(AccessRefused, match="resume_worker computes every phase"):
+            owner.change_access("revoke", PIPELINE_ROLE, "ingest", reason="y")
         total, rows = owner.access_log(role="ops_reader")
         assert total == len(rows) > 0 and {r.role for r in rows} == {"ops_reader"}
     finally:
@@ -274,9 +278,9 @@ def limited_dsn(pg_admin_dsn: str) -> Iterator[str]:
     """A database owned by a login role that may not create roles nor take on the ledger's roles."""
     user, db = f"stormlake_lim_{uuid.uuid4().hex[:8]}", f"stormlake_lim_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(user)))
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(user), sql.Literal(PASSWORD)))
         conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(db), sql.Identifier(user)))
-    yield psycopg.conninfo.make_conninfo(pg_admin_dsn, user=user, dbname=db)
+    yield psycopg.conninfo.make_conninfo(pg_admin_dsn, user=user, dbname=db, password=PASSWORD)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(user)))
