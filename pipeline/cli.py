@@ -109,18 +109,18 @@ def _reading_ledger(settings: Settings, role: str | None = None):
 
     ``role`` narrows the read to one role the login is a member of (the database refuses any
     other); without it the login reads as itself, with the phases of every role it belongs to."""
-    from resources.ledger import get_ledger, login_roles
+    from resources.ledger import get_ledger, login_roles, schema_behind
     from resources.logins import resolve_logins
 
     dsn = resolve_logins(settings).reader
-    if role is not None:
-        login, roles = login_roles(dsn, role)
-        if role not in roles:
-            raise ConfigError(f"--role {role}: the login {login} is not a member of {role}"
-                              f" (it may read as {', '.join(roles) or 'itself only'})")
-    ledger = get_ledger(dsn, role=role, audited=True)
-    ledger.require_schema()
-    return ledger
+    login, roles, version = login_roles(dsn, role)
+    behind = schema_behind(version)
+    if behind is not None:
+        raise behind
+    if role is not None and role not in roles:
+        raise ConfigError(f"--role {role}: the login {login} is not a member of {role}"
+                          f" (it may read as {', '.join(roles) or 'itself only'})")
+    return get_ledger(dsn, role=role, audited=True)
 
 
 def _reader_name(settings: Settings, role: str | None) -> str:
@@ -399,6 +399,8 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.action == "add-login":
         return _add_login(args, settings)
+    if args.action == "log" and args.limit < 0:
+        raise ConfigError(f"--limit {args.limit}: give a number of rows, 0 or more")
     ledger = get_ledger(resolve_logins(settings).reader, role=None)
     ledger.require_schema()
     if args.action == "retain":
@@ -409,8 +411,6 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
               " (the retention itself is recorded)")
         return 0
     if args.action == "log":
-        if args.limit < 0:
-            raise ConfigError(f"--limit {args.limit}: give a number of rows, 0 or more")
         total, rows = ledger.access_log(role=args.role, since=_since(args.since), limit=args.limit)
         print(f"{total} logged reads" + (f" by {args.role}" if args.role else "")
               + (f" since {args.since}" if args.since else "") + (f"; the newest {len(rows)}:" if rows else ""))

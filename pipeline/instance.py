@@ -61,7 +61,8 @@ def sqlalchemy_url(dsn: str) -> str:
     host = str(info.get("host") or "")
     db = urllib.parse.quote(str(info.get("dbname") or "postgres"), safe="")
     if host.startswith("/"):
-        return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}"
+        port = f"&port={info['port']}" if info.get("port") else ""
+        return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}{port}"
     port = f":{info['port']}" if info.get("port") else ""
     return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
 

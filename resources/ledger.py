@@ -534,18 +534,9 @@ class Ledger:
     def require_schema(self) -> None:
         """Raise :class:`ConfigError` unless every migration has been applied (a command that
         runs no DDL says who must run it)."""
-        latest = max(int(p.name[:3]) for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
-
-        def q(conn: psycopg.Connection) -> int:
-            if not conn.execute("SELECT to_regclass('public.schema_migrations') IS NOT NULL AND"
-                                " has_table_privilege('public.schema_migrations', 'SELECT')").fetchone()[0]:
-                return 0  # not migrated, or too old to grant its readers the version (009)
-            return int(conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
-
-        have = self._run(q, what="read the schema version", single=True)
-        if have < latest:
-            raise ConfigError(f"the ledger's schema is at version {have}, this stormlake needs {latest}: run"
-                              " `stormlake db migrate` as the ledger's owner (STORMLAKE_OWNER_DSN), then again")
+        error = schema_behind(self._run(_schema_version_txn, what="read the schema version", single=True))
+        if error is not None:
+            raise error
 
     def read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
         """Run the read-only ``fn(conn)`` on a pooled connection, retrying transient errors.
@@ -1409,18 +1400,40 @@ def dead_lettered_phases(dsn: str, keys: list[str], after: int, *, timeout_s: fl
     return out
 
 
-def login_roles(dsn: str, role: str | None = None) -> tuple[str, list[str]]:
-    """The login of ``dsn`` and which of the roles a person may read as it is a member of (with
-    ``role``, that one is looked at too). One connection of its own, no role taken on."""
+def login_roles(dsn: str, role: str | None = None) -> tuple[str, list[str], int]:
+    """The login of ``dsn``, which of the roles a person may read as it is a member of (with
+    ``role``, that one is looked at too), and the ledger's schema version (0: not migrated, or too
+    old to tell its readers). One connection of its own, no role taken on, no DDL."""
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
             login, roles = conn.execute(
                 "SELECT session_user::text, coalesce(array_agg(r ORDER BY r) FILTER (WHERE"
                 " EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) AND pg_has_role(session_user, r, 'MEMBER')), '{}')"
                 " FROM unnest(%s::text[]) r", (sorted({*READ_AS_ROLES, *([role] if role else [])}),)).fetchone()
+            version = _schema_version_txn(conn)
     except psycopg.Error as exc:
-        raise LedgerUnavailable(f"could not log in to the ledger: {_reason(exc)}; {_advice(exc)}") from exc
-    return str(login), list(roles)
+        raise LedgerUnavailable(f"could not log in to the ledger ({_reason(exc)}); {_advice(exc)}") from exc
+    return str(login), list(roles), version
+
+
+def _schema_version_txn(conn: psycopg.Connection) -> int:
+    if not conn.execute("SELECT to_regclass('public.schema_migrations') IS NOT NULL AND"
+                        " has_table_privilege('public.schema_migrations', 'SELECT')").fetchone()[0]:
+        return 0  # not migrated, or too old to grant its readers the version (009)
+    return int(conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
+
+
+def latest_schema_version() -> int:
+    return max(int(p.name[:3]) for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+
+
+def schema_behind(have: int) -> ConfigError | None:
+    """The error of a command that runs no DDL on a ledger at schema version ``have``, if it is behind."""
+    latest = latest_schema_version()
+    if have >= latest:
+        return None
+    return ConfigError(f"the ledger's schema is at version {have}, this stormlake needs {latest}: run"
+                       " `stormlake db migrate` as the ledger's owner (STORMLAKE_OWNER_DSN), then again")
 
 
 def get_ledger(dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False,
