@@ -475,11 +475,12 @@ class Ledger:
 
         def apply(conn: psycopg.Connection) -> list[int]:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+            if conn.execute("SELECT to_regclass('public.schema_migrations')").fetchone()[0] is None:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
             applied: list[int] = []
             for path in files:
@@ -496,9 +497,10 @@ class Ledger:
                 except psycopg.Error as exc:
                     if isinstance(exc, _TRANSIENT):
                         raise
-                    if isinstance(exc, psycopg.errors.InsufficientPrivilege) and exc.diag.message_hint:
-                        raise ConfigError(f"migration {path.name}: {exc.diag.message_primary};"
-                                          f" {exc.diag.message_hint}") from exc
+                    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                        hint = exc.diag.message_hint or ("run `stormlake db migrate` with the login that owns"
+                                                         " the ledger's tables (STORMLAKE_OWNER_DSN)")
+                        raise ConfigError(f"migration {path.name}: {exc.diag.message_primary}; {hint}") from exc
                     raise MigrationError(f"migration {path.name} failed: {exc}") from exc
                 applied.append(version)
             return applied

@@ -558,3 +558,51 @@ def test_nothing_of_the_ledger_is_left_to_public(published: Ledger) -> None:
     assert public_functions == []
     assert definers and all(cfg == ["search_path=pg_catalog, public, pg_temp"] for _, cfg in definers), definers
     assert db == (False, False, False)
+
+
+def test_a_person_with_a_login_of_their_own_uses_the_cli(pg_dsn: str, pg_admin_dsn: str, tmp_path,  # noqa: ANN001
+                                                        monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    """The owner migrates and makes a login for a person; the person reads with it, as their own role only,
+    and may neither widen it nor change the policy; their reads are logged under their name."""
+    import stat
+
+    from pipeline.cli import main
+
+    name = f"alice_{uuid.uuid4().hex[:6]}"
+    home = tmp_path / "home"
+    monkeypatch.setenv("STORMLAKE_HOME", str(home))
+    for var in ("STORMLAKE_OWNER_DSN", "STORMLAKE_PIPELINE_DSN", "STORMLAKE_DAGSTER_DSN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("STORMLAKE_PG_DSN", pg_dsn)  # the contract's one DSN: here the owner's
+    try:
+        assert main(["db", "migrate"]) == 0
+        assert main(["access", "add-login", name, "--role", "ops_reader"]) == 0
+        out = capsys.readouterr().out
+        path = home / "logins" / f"{name}.dsn"
+        dsn = path.read_text().strip()
+        password = psycopg.conninfo.conninfo_to_dict(dsn)["password"]
+        assert str(path) in out and password not in out
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        _through(Ledger.shared(pg_dsn), KEY, NAMES)
+
+        monkeypatch.setenv("STORMLAKE_PG_DSN", dsn)  # from here on, the person
+        assert main(["status", "--json"]) == 0
+        [entry] = json.loads(capsys.readouterr().out)["partitions"]
+        assert set(entry["phases"]) == {"correlate", "present"}
+        assert main(["status", "--role", "admin"]) == 2
+        assert f"the login {name} is not a member of admin" in capsys.readouterr().err
+        assert main(["access", "grant", "ops_reader", "ingest", "--reason", "let me"]) == 2
+        assert main(["access", "log"]) == 2
+        capsys.readouterr()
+        assert main(["db", "migrate"]) == 0  # nothing to apply: no DDL tried
+        assert "nothing to apply" in capsys.readouterr().out
+        with psycopg.connect(pg_dsn) as conn:
+            logged = conn.execute("SELECT DISTINCT login, role FROM checkpoint_access_log").fetchall()
+            ddl = conn.execute("SELECT has_schema_privilege(%s, 'public', 'CREATE'),"
+                               " has_database_privilege(%s, current_database(), 'CREATE')", (name, name)).fetchone()
+        assert logged == [(name, name)]
+        assert ddl == (False, False)
+    finally:
+        Ledger.close_shared(lambda d: name in d)
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
