@@ -60,11 +60,13 @@ def sqlalchemy_url(dsn: str) -> str:
     auth = user + (":" + urllib.parse.quote(str(password), safe="") if password else "")
     host = str(info.get("host") or "")
     db = urllib.parse.quote(str(info.get("dbname") or "postgres"), safe="")
+    passfile = f"passfile={urllib.parse.quote(str(info['passfile']), safe='/')}" if info.get("passfile") else ""
     if host.startswith("/"):
         port = f"&port={info['port']}" if info.get("port") else ""
-        return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}{port}"
+        return (f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}{port}"
+                + (f"&{passfile}" if passfile else ""))
     port = f":{info['port']}" if info.get("port") else ""
-    return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
+    return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}" + (f"?{passfile}" if passfile else "")
 
 
 def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:

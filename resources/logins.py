@@ -139,10 +139,28 @@ def embedded_logins(pgdata: Path) -> Logins:
     if missing:
         raise LedgerUnavailable(f"the passwords of {', '.join(missing)} are missing from {secrets_dir(pgdata)};"
                                 f" remove {marker} and run again to make new ones")
+    # Dagster's storage URL goes into dagster.yaml, which Dagster's own CLI reads in processes of
+    # their own: it names TCP (the port is kept across starts; the socket's folder may not be) and
+    # a libpq password file (0600) instead of the password.
+    passfile = _dagster_passfile(pgdata)
+    dagster = psycopg.conninfo.make_conninfo(server_dsn(pgdata, DAGSTER_DB, user=DAGSTER, password="", tcp=True),
+                                             passfile=str(passfile))
     return Logins(reader=server_dsn(pgdata, LEDGER_DB, user=OPERATOR),
                   pipeline=server_dsn(pgdata, LEDGER_DB, user=PIPELINE),
                   owner=server_dsn(pgdata, LEDGER_DB, user=OWNER),
-                  dagster=server_dsn(pgdata, DAGSTER_DB, user=DAGSTER), embedded=True)
+                  dagster=dagster, embedded=True)
+
+
+def _dagster_passfile(pgdata: Path) -> Path:
+    """``secrets/pgpass``: the Dagster login's password as libpq reads it (a 0600 file)."""
+    from resources.files import write_atomic
+    from resources.pgserver import read_secret, secrets_dir
+
+    path = secrets_dir(pgdata) / "pgpass"
+    line = f"*:*:*:{DAGSTER}:{read_secret(pgdata, DAGSTER)}\n"
+    if not _is(path, line.strip()):
+        write_atomic(path, line, durable=True, mode=0o600)
+    return path
 
 
 def _is(path: Path, text: str) -> bool:

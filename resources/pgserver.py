@@ -129,12 +129,16 @@ def _owned_file(path: Path, text: str, like: Path) -> None:
 def _set_superuser_password(pgdata: Path) -> None:
     """Give ``postgres`` a password on a cluster that is not running (single-user mode), keep it
     in the secrets folder, and write ``pg_hba.conf``: from then on nobody is trusted."""
-    password = read_secret(pgdata, SUPERUSER) or new_password()
-    write_secret(pgdata, SUPERUSER, password)
+    # The password is kept under a name of its own until the server has it: a kill in between
+    # leaves it to be set again, never a kept password the server does not know.
+    pending = f"{SUPERUSER}.new"
+    password = read_secret(pgdata, pending) or new_password()
+    write_secret(pgdata, pending, password)
     subprocess.run([str(_bin_path() / "postgres"), "--single", "-D", str(pgdata), "-c", "password_encryption=scram-sha-256",
                     "postgres"], input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n", text=True, check=True,
                    capture_output=True, user=_system_user(), timeout=READY_TIMEOUT_S)
     _owned_file(pgdata / "pg_hba.conf", PG_HBA, like=pgdata)
+    os.replace(secrets_dir(pgdata) / pending, secrets_dir(pgdata) / SUPERUSER)
 
 
 def _free_port() -> int:
@@ -482,7 +486,7 @@ def server_dsn(pgdata: Path, database: str, *, user: str = SUPERUSER, password: 
     sock = lines[_PID_LINE_SOCKET_DIR].strip() if len(lines) > _PID_LINE_SOCKET_DIR else ""
     if not port or not sock:
         raise LedgerUnavailable(f"the embedded PostgreSQL in {pgdata} is not running (no socket in its postmaster.pid)")
-    secret = password if password is not None else read_secret(pgdata, user)
+    secret = password if password is not None else read_secret(pgdata, user)  # "": none in the DSN
     return psycopg.conninfo.make_conninfo(host="127.0.0.1" if tcp else sock, port=port, user=user, dbname=database,
                                           **({"password": secret} if secret else {}))
 

@@ -530,8 +530,8 @@ def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
 
     None when no embedded server runs (a kill stopped its first start before it got going). A
     server still starting (a kill landed in ``pg_ctl start``) is waited for. The embedded
-    server listens on a Unix socket in the directory ``postmaster.pid`` names (its data
-    directory), and the ledger's database is ``stormlake``.
+    server listens on a Unix socket in the folder and with the port ``postmaster.pid`` names,
+    and asks for the password kept in the home's secrets; the ledger's database is ``stormlake``.
     """
     if env.get("STORMLAKE_PG_DSN"):
         return env["STORMLAKE_PG_DSN"]
@@ -542,7 +542,9 @@ def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
         if pm is None:
             return None
         if server_ready(pgdata):
-            return f"postgresql://postgres:@/stormlake?host={pm[1][4].strip()}"
+            from resources.pgserver import server_dsn
+
+            return server_dsn(pgdata, "stormlake")
         assert time.monotonic() < deadline, f"the embedded server in {pgdata} did not get ready in {wait_s:.0f} s"
         time.sleep(0.05)
 
