@@ -108,7 +108,8 @@ def _reading_ledger(settings: Settings, role: str | None = None):
     instance is prepared, so the command neither imports Dagster nor touches its storage.
 
     ``role`` narrows the read to one role the login is a member of (the database refuses any
-    other); without it the login reads as itself, with the phases of every role it belongs to."""
+    other); without it the login reads as itself, with the phases of every role it belongs to.
+    Returns the ledger and who the read is made as (the role, else the login's name)."""
     from resources.ledger import get_ledger, login_roles, schema_behind
     from resources.logins import resolve_logins
 
@@ -120,22 +121,7 @@ def _reading_ledger(settings: Settings, role: str | None = None):
     if role is not None and role not in roles:
         raise ConfigError(f"--role {role}: the login {login} is not a member of {role}"
                           f" (it may read as {', '.join(roles) or 'itself only'})")
-    return get_ledger(dsn, role=role, audited=True)
-
-
-def _reader_name(settings: Settings, role: str | None) -> str:
-    """Who a person's read is made as: ``role``, else the login's name."""
-    if role:
-        return role
-    from resources.logins import resolve_logins
-
-    return str(_dsn_user(resolve_logins(settings).reader))
-
-
-def _dsn_user(dsn: str) -> str:
-    import psycopg
-
-    return str(psycopg.conninfo.conninfo_to_dict(dsn).get("user") or os.environ.get("PGUSER") or "")
+    return get_ledger(dsn, role=role, audited=True), role or login
 
 
 def _say_hidden(ledger, role: str) -> None:  # noqa: ANN001 - a Ledger
@@ -297,8 +283,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     flt = status_filter(args, settings)
     filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, _reader_name(settings, args.role))
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
     if args.json:
         write_json(ledger, sys.stdout, flt, dead_letter_after=settings.dead_letter_after)
     else:
@@ -347,8 +333,8 @@ def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
     """What waits for a person: the dead-lettered phases, each with its last error and what to run."""
     from resources.ledger_views import LedgerViews
 
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, _reader_name(settings, args.role))
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
     views = LedgerViews(ledger)
     dead, held = views.dead_letters(settings.dead_letter_after), views.held()
     if not dead and not held:
@@ -490,8 +476,7 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     out = Path(args.out) if args.out else settings.home / "report.html"
     if out.is_dir():
         raise ConfigError(f"--out {out}: is a folder; name the report's file (for example {out / 'report.html'})")
-    ledger = _reading_ledger(settings, args.role)
-    who = _reader_name(settings, args.role)
+    ledger, who = _reading_ledger(settings, args.role)
     _say_hidden(ledger, who)
     write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=who)
     print(f"wrote {out}")

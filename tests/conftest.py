@@ -35,10 +35,11 @@ def pg_admin_dsn() -> Iterator[str]:
         yield external
         return
     from resources.pgserver import embedded_server_dsn, stop_embedded
+    from tests.consumer import passfile_dsn
 
     base = Path(tempfile.mkdtemp(prefix="stormlake-test-pg-"))
     try:
-        yield embedded_server_dsn(base / "pg")  # its superuser, with the password it keeps in base/secrets
+        yield passfile_dsn(embedded_server_dsn(base / "pg"), base / "pgpass")
     finally:
         stop_embedded(base / "pg")
         shutil.rmtree(base, ignore_errors=True)

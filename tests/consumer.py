@@ -525,6 +525,19 @@ def server_ready(pgdata: Path) -> bool:
     return pm is not None and len(pm[1]) > 7 and pm[1][7].strip() == "ready"
 
 
+def passfile_dsn(dsn: str, passfile: Path) -> str:
+    """``dsn`` with its password moved to a libpq password file (0600), as a person keeps it: a DSN
+    without a secret goes into dagster.yaml as it is, for every process to read."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    password = info.pop("password", None)
+    if not password:
+        return dsn
+    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"*:*:*:{info.get('user') or 'postgres'}:{password}\n")
+    return psycopg.conninfo.make_conninfo(**info, passfile=str(passfile))
+
+
 def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
     """The ledger DSN of ``env``: STORMLAKE_PG_DSN, or its home's embedded server once that is ready.
 

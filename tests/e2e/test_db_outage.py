@@ -25,6 +25,7 @@ from tests.consumer import (
     check_one_line_error,
     kill_group,
     make_home,
+    passfile_dsn,
     run,
     sql_rows,
     start,
@@ -42,7 +43,7 @@ class OwnServer:
 
     def __init__(self, pgdata: Path):
         self.pgdata = pgdata
-        self.admin = embedded_server_dsn(pgdata)
+        self.admin = passfile_dsn(embedded_server_dsn(pgdata), pgdata.parent / "pgpass")
 
     def stop(self) -> None:
         stop_embedded(self.pgdata)
