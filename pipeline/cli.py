@@ -401,9 +401,9 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{total} logged reads" + (f" by {args.role}" if args.role else "")
               + (f" since {args.since}" if args.since else "") + (f"; the newest {len(rows)}:" if rows else ""))
         for r in rows:
-            print(f"  {r.at.isoformat(timespec='seconds')}  #{r.request_id:<6} {r.login or '?':<20} {r.role:<18}"
-                  f" {r.phase:<9} {r.what:<11} {r.partition_key or '(all partitions)':<24}"
-                  f" {'allowed' if r.allowed else 'DENIED':<7} {r.client_addr or 'local'} pid {r.backend_pid}")
+            print(f"  {r.at.isoformat(timespec='seconds')}  #{r.request_id:<6} {r.login or '?':<20}"
+                  f" {r.client_addr or 'local':<15} pid {r.backend_pid or '?':<7} {r.role:<18} {r.phase:<9}"
+                  f" {r.what:<11} {r.partition_key or '(all partitions)':<24} {'allowed' if r.allowed else 'DENIED'}")
         return 0
     if args.action == "show":
         for phase, roles in ledger.access_policy().items():
