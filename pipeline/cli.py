@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from resources.errors import ConfigError, StormlakeError
+from resources.files import apply_file_mode
 from resources.keys import split_partition_key
 from resources.settings import DAY_RE, REGION_ID_RE, Settings, load_regions, load_settings
 
@@ -81,32 +82,54 @@ def _say_rejected(rejected) -> None:  # noqa: ANN001 - list[resources.landing.No
         print(f"stormlake: {folder}; not run", file=sys.stderr)
 
 
-def _prepare(settings: Settings) -> str:
+def _prepare(settings: Settings):  # -> resources.logins.Logins
+    """Prepare the Dagster instance; the logins of the settings (the embedded server started)."""
     from pipeline.instance import prepare_dagster_home
+    from resources.logins import resolve_logins
 
-    _, ledger_dsn = prepare_dagster_home(settings)
-    return ledger_dsn
+    prepare_dagster_home(settings)
+    return resolve_logins(settings)
 
 
 def _ledger(settings: Settings):
+    """The pipeline's ledger (its own login, as resume_worker), migrated first as the owner when
+    this process is given the owner's login."""
     from resources.ledger import get_ledger
 
-    return get_ledger(_prepare(settings))
+    logins = _prepare(settings)
+    return get_ledger(logins.pipeline, owner_dsn=logins.owner)
+
+
+def _pipeline_ledger(settings: Settings):
+    """:func:`_ledger` without preparing Dagster's instance (a release, the access log's changes)."""
+    from resources.ledger import get_ledger
+    from resources.logins import resolve_logins
+
+    logins = resolve_logins(settings)
+    return get_ledger(logins.pipeline, owner_dsn=logins.owner)
 
 
 def _reading_ledger(settings: Settings, role: str | None = None):
-    """The ledger for a command that does not run phases (status, report, review, release): no
-    Dagster instance is prepared, so the command neither imports Dagster nor touches its storage.
+    """A person's ledger (status, report, review): their login (``STORMLAKE_PG_DSN``), reading
+    through the logged ``ledger_read`` views (migration 007). It runs no DDL: a ledger whose
+    schema is behind is a usage error that says to run ``stormlake db migrate``. No Dagster
+    instance is prepared, so the command neither imports Dagster nor touches its storage.
 
-    With ``role`` it is a person's read: every session takes on that database role and every view
-    goes through the logged ``ledger_read`` views (migration 007)."""
-    from resources.ledger import PIPELINE_ROLE, get_ledger
-    from resources.pgserver import resolve_dsns
+    ``role`` narrows the read to one role the login is a member of (the database refuses any
+    other); without it the login reads as itself, with the phases of every role it belongs to.
+    Returns the ledger and who the read is made as (the role, else the login's name)."""
+    from resources.ledger import get_ledger, login_roles, schema_behind
+    from resources.logins import resolve_logins
 
-    dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)[0]
-    if role is None:
-        return get_ledger(dsn, role=PIPELINE_ROLE)
-    return get_ledger(dsn, role=role, audited=True)
+    dsn = resolve_logins(settings).reader
+    login, roles, version = login_roles(dsn, role)
+    behind = schema_behind(version)
+    if behind is not None:
+        raise behind
+    if role is not None and role not in roles:
+        raise ConfigError(f"--role {role}: the login {login} is not a member of {role}"
+                          f" (it may read as {', '.join(roles) or 'itself only'})")
+    return get_ledger(dsn, role=role, audited=True), role or login
 
 
 def _say_hidden(ledger, role: str) -> None:  # noqa: ANN001 - a Ledger
@@ -117,7 +140,8 @@ def _say_hidden(ledger, role: str) -> None:  # noqa: ANN001 - a Ledger
     if hidden:
         print(f"stormlake: reading as {role}, which may not see the {', '.join(hidden)} phase"
               f"{'s' if len(hidden) > 1 else ''}: they are left out"
-              " (their tables, checkpoints and errors); --role admin sees every phase", file=sys.stderr)
+              " (their tables, checkpoints and errors); `stormlake access show` lists who may read what",
+              file=sys.stderr)
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -314,8 +338,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     flt = status_filter(args, settings)
     filtered = bool(flt.regions or flt.days or flt.tier is not None or flt.failed or flt.limit is not None)
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, args.role)
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
     if args.json:
         write_json(ledger, sys.stdout, flt, dead_letter_after=settings.dead_letter_after)
     else:
@@ -370,7 +394,7 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
                           f" from STORMLAKE_FIRST_DAY={settings.first_day})")
     if not (args.reason or "").strip():
         raise ConfigError("release needs --reason TEXT: the ledger records why")
-    release = _reading_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
+    release = _pipeline_ledger(settings).release(args.key, actor=_operator(), reason=args.reason.strip())
     if release.phases:
         print(f"released {args.key}: {', '.join(release.phases)} will be tried again by the next run")
     if release.held_phase is None:
@@ -392,8 +416,8 @@ def cmd_review(args: argparse.Namespace, settings: Settings) -> int:
     """What waits for a person: the dead-lettered phases, each with its last error and what to run."""
     from resources.ledger_views import LedgerViews
 
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, args.role)
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
     views = LedgerViews(ledger)
     dead, held = views.dead_letters(settings.dead_letter_after), views.held()
     if not dead and not held:
@@ -437,17 +461,32 @@ def _since(text: str | None) -> dt.datetime | None:
 
 
 def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
-    """The access policy, its changes, and the log of every read by a person (migration 007)."""
-    ledger = _reading_ledger(settings)
+    """The access policy, its changes, and the log of every read by a person (migrations 007, 009),
+    each as the person's own login (``STORMLAKE_PG_DSN``); new logins as the owner."""
+    from resources.ledger import get_ledger
+    from resources.logins import resolve_logins
+
+    if args.action == "add-login":
+        return _add_login(args, settings)
+    if args.action == "log" and args.limit < 0:
+        raise ConfigError(f"--limit {args.limit}: give a number of rows, 0 or more")
+    ledger = get_ledger(resolve_logins(settings).reader, role=None)
+    ledger.require_schema()
+    if args.action == "retain":
+        if args.older_than is None or not (args.reason or "").strip():
+            raise ConfigError("access retain needs --older-than DAYS and --reason TEXT (it records why)")
+        rows, actions = ledger.retain(older_than_days=args.older_than, reason=args.reason.strip())
+        print(f"removed {rows} access-log rows and {actions} operator actions older than {args.older_than} days"
+              " (the retention itself is recorded)")
+        return 0
     if args.action == "log":
-        if args.limit < 0:
-            raise ConfigError(f"--limit {args.limit}: give a number of rows, 0 or more")
         total, rows = ledger.access_log(role=args.role, since=_since(args.since), limit=args.limit)
         print(f"{total} logged reads" + (f" by {args.role}" if args.role else "")
               + (f" since {args.since}" if args.since else "") + (f"; the newest {len(rows)}:" if rows else ""))
         for r in rows:
-            print(f"  {r.at.isoformat(timespec='seconds')}  #{r.request_id:<6} {r.role:<18} {r.phase:<9} "
-                  f"{r.what:<11} {r.partition_key or '(all partitions)':<24} {'allowed' if r.allowed else 'DENIED'}")
+            print(f"  {r.at.isoformat(timespec='seconds')}  #{r.request_id:<6} {r.login or '?':<20}"
+                  f" {r.client_addr or 'local':<15} pid {r.backend_pid or '?':<7} {r.role:<18} {r.phase:<9}"
+                  f" {r.what:<11} {r.partition_key or '(all partitions)':<24} {'allowed' if r.allowed else 'DENIED'}")
         return 0
     if args.action == "show":
         for phase, roles in ledger.access_policy().items():
@@ -459,11 +498,29 @@ def cmd_access(args: argparse.Namespace, settings: Settings) -> int:
                           " --reason TEXT")
     if not (args.reason or "").strip():
         raise ConfigError(f"access {args.action} needs --reason TEXT: the ledger records why")
-    changed = ledger.change_access(args.action, role, args.phase, actor=_operator(), reason=args.reason.strip())
+    changed = ledger.change_access(args.action, role, args.phase, reason=args.reason.strip())
     verb = "may now read" if args.action == "grant" else "may no longer read"
     print(f"{role} {verb} {args.phase}" if changed else
           f"nothing changed: {role} {'already' if args.action == 'grant' else 'could not'} read {args.phase}"
           " (the request is recorded)")
+    return 0
+
+
+def _add_login(args: argparse.Namespace, settings: Settings) -> int:
+    """``access add-login NAME --role ROLE``: a login of its own for a person (or the pipeline), as
+    the owner; its DSN with its password goes to a file only this user can read, never to the screen."""
+    from resources.logins import add_login, resolve_logins
+
+    if not args.grantee or args.phase:
+        raise ConfigError("access add-login needs a name: stormlake access add-login NAME --role ROLE")
+    if not args.role:
+        raise ConfigError("access add-login needs --role ROLE (ops_reader, compliance_auditor, admin or resume_worker)")
+    logins = resolve_logins(settings)
+    if logins.owner is None:
+        raise ConfigError("access add-login runs as the ledger's owner: set STORMLAKE_OWNER_DSN")
+    path = add_login(logins.owner, args.grantee, args.role, folder=settings.home / "logins", tcp=logins.embedded)
+    print(f"made login {args.grantee}, a member of {args.role}; its DSN, with its password, is in {path}"
+          " (readable by you only): hand it over privately; its holder sets STORMLAKE_PG_DSN to it")
     return 0
 
 
@@ -502,9 +559,9 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     out = Path(args.out) if args.out else settings.home / "report.html"
     if out.is_dir():
         raise ConfigError(f"--out {out}: is a folder; name the report's file (for example {out / 'report.html'})")
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, args.role)
-    problems = write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=args.role)
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
+    problems = write_report(ledger, out, dead_letter_after=settings.dead_letter_after, role=who)
     for problem in problems:
         print(f"stormlake: SummaryInvalid: {problem}", file=sys.stderr)
     print(f"wrote {out}")
@@ -548,17 +605,41 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from resources.logins import is_external
     from resources.pgserver import is_running, stop_embedded
 
-    if settings.pg_dsn and args.action in ("start", "stop"):
-        raise ConfigError("STORMLAKE_PG_DSN is set: the ledger's server is not stormlake's to start or stop")
+    external = is_external(settings)
+    if external and args.action in ("start", "stop"):
+        raise ConfigError("a ledger DSN is set: the ledger's server is not stormlake's to start or stop")
+    if args.action == "migrate":
+        return _migrate(settings)
     if args.action == "stop":
         print("stopped the embedded PostgreSQL" if stop_embedded(settings.pgdata) else "the embedded PostgreSQL was not running")
     elif args.action == "start":
         _prepare(settings)
         print(f"embedded PostgreSQL running in {settings.pgdata}")
     elif args.action == "status":
-        print("running" if (settings.pg_dsn or is_running(settings.pgdata)) else "stopped")
+        print("running" if (external or is_running(settings.pgdata)) else "stopped")
+    return 0
+
+
+def _migrate(settings: Settings) -> int:
+    """``db migrate``: apply the pending migrations as the ledger's owner, the one login that runs DDL."""
+    from resources.ledger import Ledger
+    from resources.logins import resolve_logins
+
+    owner = resolve_logins(settings).owner
+    if owner is None:
+        raise ConfigError("db migrate runs as the ledger's owner: set STORMLAKE_OWNER_DSN")
+    ledger = Ledger(owner, role=None)
+    try:
+        applied = ledger.migrate()
+        version = ledger.schema_version_as_owner()
+    finally:
+        ledger.close()
+    print(f"applied migration{'s' if len(applied) > 1 else ''} {', '.join(f'{v:03d}' for v in applied)};"
+          f" the ledger's schema is at version {version}" if applied else
+          f"nothing to apply: the ledger's schema is at version {version}")
     return 0
 
 
@@ -588,9 +669,10 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     PostgreSQL is started first when embedded, and stopped last, after ``dg dev`` has stopped its
     processes.
     """
+    from resources.logins import is_external
     from resources.pgserver import stop_embedded
 
-    embedded = not settings.pg_dsn
+    embedded = not is_external(settings)
     _prepare(settings)
     # The code location resolves the same settings in whatever folder dg dev's processes run.
     env = dict(os.environ, STORMLAKE_HOME=str(settings.home))
@@ -705,8 +787,9 @@ def _add_views(sub: argparse._SubParsersAction) -> None:
 def _role_arg(p: argparse.ArgumentParser) -> None:
     from resources.ledger import READ_AS_ROLES
 
-    p.add_argument("--role", default="ops_reader", choices=READ_AS_ROLES,
-                   help="the database role to read as (default ops_reader); every read is in the access log")
+    p.add_argument("--role", default=None, choices=READ_AS_ROLES,
+                   help="read as this one of the roles your login is a member of (default: the login itself,"
+                        " with every role it belongs to); every read is in the access log")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -743,21 +826,25 @@ def _add_operations(sub: argparse._SubParsersAction) -> None:
     rl.add_argument("--reason", required=True, help="why it is released (recorded in the ledger)")
     rl.set_defaults(fn=cmd_release)
     ac = sub.add_parser("access", help="who may read which phase, its changes, and the log of every read by a person")
-    ac.add_argument("action", choices=["log", "show", "grant", "revoke"])
-    ac.add_argument("grantee", nargs="?", default=None, metavar="ROLE", help="grant/revoke: the database role")
+    ac.add_argument("action", choices=["log", "show", "grant", "revoke", "add-login", "retain"])
+    ac.add_argument("grantee", nargs="?", default=None, metavar="ROLE",
+                    help="grant/revoke: the database role; add-login: the new login's name")
     ac.add_argument("phase", nargs="?", default=None, help="grant/revoke: the phase")
-    ac.add_argument("--role", default=None, help="log: only this role's reads")
+    ac.add_argument("--role", default=None,
+                    help="log: only the reads made as this role or by this login; add-login: the role it joins")
+    ac.add_argument("--older-than", type=int, default=None, metavar="DAYS",
+                    help="retain: remove access-log rows and operator actions older than this (30 or more)")
     ac.add_argument("--since", default=None, help="log: reads since this time (ISO) or age (90m, 12h, 7d)")
     ac.add_argument("--limit", type=int, default=200, help="log: at most this many rows (newest first)")
-    ac.add_argument("--reason", default=None, help="grant/revoke: why (recorded in the ledger)")
+    ac.add_argument("--reason", default=None, help="grant/revoke/retain: why (recorded in the ledger)")
     ac.set_defaults(fn=cmd_access)
     pr = sub.add_parser("prune", help="remove ledger history past the window")
     pr.add_argument("--older-than", type=int, required=True, metavar="DAYS")
     pr.add_argument("--keep-from", default=None, metavar="YYYY-MM-DD",
                     help="first day of the backfill window whose receipts are always kept (default STORMLAKE_FIRST_DAY)")
     pr.set_defaults(fn=cmd_prune)
-    d = sub.add_parser("db", help="the embedded PostgreSQL server")
-    d.add_argument("action", choices=["start", "stop", "status"])
+    d = sub.add_parser("db", help="the embedded PostgreSQL server; migrate: the ledger's schema, as its owner")
+    d.add_argument("action", choices=["start", "stop", "status", "migrate"])
     d.set_defaults(fn=cmd_db)
     e = sub.add_parser("env", help="print the exports that point Dagster's own CLI at this instance")
     e.add_argument("--dotenv", action="store_true",
@@ -782,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings()
+        apply_file_mode(settings.file_mode)
         return int(args.fn(args, settings) or 0)
     except StormlakeError as exc:
         if args.debug:

@@ -34,6 +34,7 @@ from pipeline.jobs import observe_landing, storm_job
 from pipeline.schedules import SCHEDULES
 from pipeline.sensors import SENSORS
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
+from resources.files import apply_file_mode
 from resources.ledger_resource import LedgerResource
 from resources.settings import load_settings
 
@@ -45,6 +46,7 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
     puts the values themselves in, for using the resources outside a run (the CLI's preflight).
     """
     s = load_settings()
+    apply_file_mode(s.file_mode)  # the lake, artifacts and Dagster's files of every run and server
 
     def secret(name: str, value: str | None) -> str:
         if not value:
@@ -52,7 +54,7 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
         return value if resolved else dg.EnvVar(name)  # type: ignore[return-value]
 
     return {
-        "ledger": LedgerResource(dsn=secret("STORMLAKE_PG_DSN", s.pg_dsn), pgdata=str(s.pgdata)),
+        "ledger": LedgerResource(**_ledger_logins(s, secret), pgdata=str(s.pgdata)),
         "lake": LakeResource(root=s.lake, log_retention_minutes=s.lake_log_retention_minutes),
         "landing": LandingResource(root=str(s.landing), regions_file=str(s.regions_file)),
         "publisher": PublisherResource(
@@ -63,6 +65,22 @@ def build_resources(*, resolved: bool = False) -> dict[str, dg.ConfigurableResou
             webhook_backoff_s=s.webhook_backoff_s,
         ),
     }
+
+
+def _ledger_logins(s, secret) -> dict[str, str]:  # noqa: ANN001 - Settings, build_resources' secret
+    """The pipeline's login (``STORMLAKE_PIPELINE_DSN``, else the contract's ``STORMLAKE_PG_DSN``)
+    and the owner's, which migrates on first use: given only as the contract's one DSN, or as
+    ``STORMLAKE_OWNER_DSN`` when the run's environment holds it (resources.logins)."""
+    if s.pipeline_dsn:
+        return {"dsn": secret("STORMLAKE_PIPELINE_DSN", s.pipeline_dsn),
+                "owner_dsn": secret("STORMLAKE_OWNER_DSN", s.owner_dsn)}
+    if s.pg_dsn:
+        one = not s.owner_dsn
+        return {"dsn": secret("STORMLAKE_PG_DSN", s.pg_dsn),
+                "owner_dsn": secret("STORMLAKE_PG_DSN", s.pg_dsn) if one else secret("STORMLAKE_OWNER_DSN", s.owner_dsn)}
+    if s.owner_dsn:
+        return {"dsn": secret("STORMLAKE_OWNER_DSN", s.owner_dsn), "owner_dsn": secret("STORMLAKE_OWNER_DSN", s.owner_dsn)}
+    return {}
 
 
 # One multi-asset per phase (its tables), in protocol order, each pointing at its source code.

@@ -38,7 +38,8 @@ import psycopg
 
 from resources import dagster_compat
 from resources.files import write_atomic
-from resources.pgserver import hold_advisory_lock, resolve_dsns
+from resources.logins import resolve_logins
+from resources.pgserver import hold_advisory_lock
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
@@ -61,10 +62,13 @@ def sqlalchemy_url(dsn: str) -> str:
     auth = user + (":" + urllib.parse.quote(str(password), safe="") if password else "")
     host = str(info.get("host") or "")
     db = urllib.parse.quote(str(info.get("dbname") or "postgres"), safe="")
+    passfile = f"passfile={urllib.parse.quote(str(info['passfile']), safe='/')}" if info.get("passfile") else ""
     if host.startswith("/"):
-        return f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}"
+        port = f"&port={info['port']}" if info.get("port") else ""
+        return (f"postgresql+psycopg2://{auth}@/{db}?host={urllib.parse.quote(host, safe='/')}{port}"
+                + (f"&{passfile}" if passfile else ""))
     port = f":{info['port']}" if info.get("port") else ""
-    return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}"
+    return f"postgresql+psycopg2://{auth}@{host or 'localhost'}{port}/{db}" + (f"?{passfile}" if passfile else "")
 
 
 def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
@@ -128,13 +132,14 @@ EVENT_BATCH_SIZE = 100
 
 
 def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
-    """Write ``dagster.yaml`` for the current settings; return (DAGSTER_HOME, ledger DSN).
+    """Write ``dagster.yaml`` for the current settings; return (DAGSTER_HOME, the pipeline's ledger DSN).
 
     Sets ``DAGSTER_HOME`` (and the storage URL variable when the DSN has a password) in this
     process's environment so that Dagster and any child process find the instance, and
     :data:`EVENT_BATCH_ENV` unless it is set.
     """
-    ledger_dsn, dagster_dsn = resolve_dsns(settings.pg_dsn, settings.pgdata)
+    logins = resolve_logins(settings)
+    ledger_dsn, dagster_dsn = logins.pipeline, logins.dagster
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     url = sqlalchemy_url(dagster_dsn)

@@ -152,14 +152,13 @@ def dead_lettered(settings: Settings, keys: list[str]) -> dict[str, str]:
     from assets.phases import PHASES
     from resources.errors import StormlakeError
     from resources.ledger import dead_lettered_phases
-    from resources.pgserver import is_running, resolve_dsns
+    from resources.logins import is_external, resolve_logins
+    from resources.pgserver import is_running
 
     order = [phase.name for phase in PHASES]
     try:
-        if settings.pg_dsn:
-            dsn = settings.pg_dsn
-        elif is_running(settings.pgdata):
-            dsn = resolve_dsns(None, settings.pgdata)[0]
+        if is_external(settings) or is_running(settings.pgdata):
+            dsn = resolve_logins(settings).pipeline
         else:
             return {}
         phases = dead_lettered_phases(dsn, keys, settings.dead_letter_after)

@@ -48,12 +48,12 @@ def light_runner(settings: Settings) -> PhaseRunner:
     from resources.lake import Lake
     from resources.landing import Landing
     from resources.ledger import get_ledger
-    from resources.pgserver import resolve_dsns
+    from resources.logins import resolve_logins
     from resources.publisher import build_targets
 
-    dsn = settings.pg_dsn or resolve_dsns(None, settings.pgdata)[0]
+    logins = resolve_logins(settings)
     return PhaseRunner(
-        ledger=get_ledger(dsn),
+        ledger=get_ledger(logins.pipeline, owner_dsn=logins.owner),
         lake=Lake(settings.lake, SCHEMAS, partition_by=PARTITION_COLUMNS,
                   log_retention_minutes=settings.lake_log_retention_minutes),
         landing=Landing(settings.landing),

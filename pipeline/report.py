@@ -148,12 +148,11 @@ def collect(ledger: Ledger, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTE
     table are counted from it rather than read again. The reads are independent, so they run on
     :data:`READ_THREADS` threads, each on a connection of the ledger's pool, and the server
     answers several at once (one after the other, they were most of the page's time). A person's
-    reads share one logged request of each kind.
+    reads are logged once per kind of read and session (a request serves only its own session).
     """
     from concurrent.futures import ThreadPoolExecutor
 
     v = views(ledger)
-    v.open_reads()
     reads: dict[str, Callable[[LedgerViews], Any]] = {  # the longest first
         "durations": lambda w: w.durations(),
         "grid": lambda w: w.grid(),

@@ -10,7 +10,8 @@ and pick the exit code without a traceback::
     │   ├── LedgerUnavailable      the server cannot be reached (transient, retried first)
     │   ├── FencingError           this attempt lost its lease; its commit is refused
     │   ├── LeaseTimeout           the phase lease was not granted in time
-    │   └── MigrationError         a schema migration failed; the version is unchanged
+    │   ├── MigrationError         a schema migration failed; the version is unchanged
+    │   └── AccessRefused          the ledger refused a login's action (not a member of the role it needs)
     ├── LakeError                  a Delta table cannot be read or written
     ├── StorageError               a landing or publish location (folder, s3://) failed
     ├── DeliveryError              an artifact could not be delivered
@@ -80,6 +81,12 @@ class LeaseTimeout(LedgerError):
 
 class MigrationError(LedgerError):
     """A ledger schema migration failed and was rolled back."""
+
+    exit_code = 2
+
+
+class AccessRefused(LedgerError):
+    """The ledger refused what a login asked (a policy change by a login that is not admin)."""
 
     exit_code = 2
 

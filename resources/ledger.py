@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from resources.errors import (
+    AccessRefused,
     ConfigError,
     FencingError,
     LeaseTimeout,
@@ -245,6 +246,9 @@ class AccessRow:
     what: str
     allowed: bool
     named: bool
+    login: str | None = None  # the login (session_user) that read
+    client_addr: str | None = None  # its address (None over the Unix socket)
+    backend_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -357,21 +361,35 @@ class Ledger:
     _shared: ClassVar[dict[tuple[int, str, str | None, bool], Ledger]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
+    _migrated: ClassVar[set[tuple[int, str]]] = set()
+
     @classmethod
-    def shared(cls, dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
-        """This process's ledger for ``dsn`` and ``role`` (one pool each per process), migrated on
-        first use."""
-        try:
-            psycopg.conninfo.conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError:
-            raise ConfigError("the ledger DSN (STORMLAKE_PG_DSN) is not a valid PostgreSQL connection string") from None
+    def shared(cls, dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False,
+               owner_dsn: str | None = None) -> Ledger:
+        """This process's ledger for ``dsn`` and ``role`` (one pool each per process).
+
+        With ``owner_dsn`` (the login that owns the ledger's tables), pending migrations are
+        applied as that login on first use; without it nothing runs DDL, and a ledger whose schema
+        is behind is reported as such (:meth:`require_schema`)."""
+        for what, value in (("the ledger DSN", dsn), ("the owner's DSN", owner_dsn)):
+            try:
+                if value is not None:
+                    psycopg.conninfo.conninfo_to_dict(value)
+            except psycopg.ProgrammingError:
+                raise ConfigError(f"{what} is not a valid PostgreSQL connection string"
+                                  " (its value is not shown: it may hold a secret)") from None
         key = (os.getpid(), dsn, role, audited)
         with cls._shared_lock:
+            if owner_dsn is not None and (os.getpid(), owner_dsn) not in cls._migrated:
+                owner = cls(owner_dsn, role=None)
+                try:
+                    owner.migrate()
+                finally:
+                    owner.close()
+                cls._migrated.add((os.getpid(), owner_dsn))
             ledger = cls._shared.get(key)
             if ledger is None:
                 ledger = cls(dsn, role=role, audited=audited)
-                if not any(k[:2] == key[:2] for k in cls._shared):  # once a process, whatever the role
-                    ledger.migrate()
                 cls._shared[key] = ledger
             return ledger
 
@@ -465,11 +483,12 @@ class Ledger:
 
         def apply(conn: psycopg.Connection) -> list[int]:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+            if conn.execute("SELECT to_regclass('public.schema_migrations')").fetchone()[0] is None:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
             applied: list[int] = []
             for path in files:
@@ -486,9 +505,10 @@ class Ledger:
                 except psycopg.Error as exc:
                     if isinstance(exc, _TRANSIENT):
                         raise
-                    if isinstance(exc, psycopg.errors.InsufficientPrivilege) and exc.diag.message_hint:
-                        raise ConfigError(f"migration {path.name}: {exc.diag.message_primary};"
-                                          f" {exc.diag.message_hint}") from exc
+                    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                        hint = exc.diag.message_hint or ("run `stormlake db migrate` with the login that owns"
+                                                         " the ledger's tables (STORMLAKE_OWNER_DSN)")
+                        raise ConfigError(f"migration {path.name}: {exc.diag.message_primary}; {hint}") from exc
                     raise MigrationError(f"migration {path.name} failed: {exc}") from exc
                 applied.append(version)
             return applied
@@ -514,6 +534,19 @@ class Ledger:
             lambda c: c.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0],
             what="read the schema version",
         )
+
+    def schema_version_as_owner(self) -> int:
+        """The schema version, read as the DSN's own login (no role taken on)."""
+        return int(self._as_owner(
+            lambda c: c.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0],
+            what="read the schema version"))
+
+    def require_schema(self) -> None:
+        """Raise :class:`ConfigError` unless every migration has been applied (a command that
+        runs no DDL says who must run it)."""
+        error = schema_behind(self._run(_schema_version_txn, what="read the schema version", single=True))
+        if error is not None:
+            raise error
 
     def read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
         """Run the read-only ``fn(conn)`` on a pooled connection, retrying transient errors.
@@ -576,7 +609,7 @@ class Ledger:
     @classmethod
     def _event_txn(cls, conn: psycopg.Connection, cp: Checkpoint, status: str, run_id: str | None,
                    detail: dict[str, Any] | None = None) -> None:
-        """One checkpoint event and its NOTIFY (:meth:`_events_txn` of one)."""
+        """One checkpoint event (:meth:`_events_txn` of one)."""
         cls._events_txn(conn, [(cp, status, detail)], run_id)
 
     # The head of a (partition, phase) is found by the attempt's identity, its idempotency key
@@ -698,21 +731,19 @@ class Ledger:
     @staticmethod
     def _events_txn(conn: psycopg.Connection, events: list[tuple[Checkpoint, str, dict[str, Any] | None]],
                     run_id: str | None) -> None:
-        """Checkpoint events and their NOTIFYs, in their order, in one statement: one round trip."""
+        """Checkpoint events, in their order, in one statement: one round trip (no NOTIFY: any login could LISTEN)."""
         if not events:
             return
         rows = [{"id": cp.id, "partition": cp.partition_key, "region": cp.region_id, "day": cp.day, "phase": cp.phase,
                  "status": status, "input_hash": cp.input_hash, "seq": cp.seq, "attempt": cp.attempt, "tier": cp.tier,
                  "detail": detail or {}, "n": n} for n, (cp, status, detail) in enumerate(events)]
         conn.execute(
-            "WITH ev AS (INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
+            "INSERT INTO checkpoint_events (checkpoint_id, partition_key, region_id, day, phase, status,"
             " input_hash, seq, attempt, tier, run_id, detail)"
             " SELECT x.id, x.partition, x.region, x.day, x.phase, x.status, x.input_hash, x.seq, x.attempt, x.tier,"
             " %(run)s, x.detail FROM jsonb_to_recordset(%(rows)s) AS x(id bigint, partition text,"
             " region text, day text, phase text, status text, input_hash text, seq bigint, attempt integer,"
-            " tier integer, detail jsonb, n bigint) ORDER BY x.n"
-            " RETURNING partition_key, phase, status)"
-            " SELECT pg_notify('stormlake_events', partition_key || '|' || phase || '|' || status) FROM ev",
+            " tier integer, detail jsonb, n bigint) ORDER BY x.n",
             {"rows": Jsonb(rows), "run": run_id},
         )
 
@@ -804,10 +835,10 @@ class Ledger:
 
     def complete(self, claim: Claim, *, state_hash: str, summary: dict[str, Any], tier: int,
                  tier_label: str, run_id: str | None) -> Checkpoint:
-        """Commit the checkpoint COMPLETED in one transaction, with its event and NOTIFY
+        """Commit the checkpoint COMPLETED in one transaction, with its event
         (:meth:`complete_all` of one); :class:`FencingError` if the attempt lost its lease.
 
-        The fenced UPDATE, the COMPLETED event and the NOTIFY are one data-modifying statement,
+        The fenced UPDATE and the COMPLETED event are one data-modifying statement,
         sent alone on the autocommit session: one round trip. It commits without waiting for the
         WAL flush: see "Durability" in the class docs for why that is safe here and not for
         receipts.
@@ -834,8 +865,7 @@ class Ledger:
         "  input_hash, seq, attempt, tier, run_id, detail)"
         " SELECT id, partition_key, region_id, day, phase, 'COMPLETED', input_hash, seq, attempt, tier, run_id,"
         "  jsonb_build_object('state_hash', state_hash) FROM upd ORDER BY id RETURNING checkpoint_id, partition_key, phase"
-        ") SELECT upd.*, pg_notify('stormlake_events', ev.partition_key || '|' || ev.phase || '|COMPLETED') AS notified"
-        " FROM upd JOIN ev ON ev.checkpoint_id = upd.id"
+        ") SELECT upd.* FROM upd JOIN ev ON ev.checkpoint_id = upd.id"
     )
 
     def complete_all(self, items: list[tuple[Claim, str, dict[str, Any], int, str]],
@@ -857,7 +887,6 @@ class Ledger:
                                    {"items": Jsonb(payload), "run": run_id}).fetchall()
             done: dict[int, Checkpoint] = {}
             for row in rows:
-                row.pop("notified", None)
                 done[row["id"]] = Checkpoint(**row)
             return done
 
@@ -910,54 +939,62 @@ class Ledger:
 
     def access_log(self, *, role: str | None = None, since: dt.datetime | None = None,
                    limit: int = 200) -> tuple[int, list[AccessRow]]:
-        """How many reads match, and the newest ``limit`` of them (as the tables' owner)."""
+        """How many reads match (by role used or by login), and the newest ``limit`` of them.
+
+        Through ``ledger_access_log`` (migration 009): the login must be a member of
+        compliance_auditor or admin."""
 
         def q(conn: psycopg.Connection) -> tuple[int, list[AccessRow]]:
-            where = "(%(role)s::text IS NULL OR role = %(role)s) AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)"
-            args = {"role": role, "since": since, "limit": limit}
-            total = conn.execute(f"SELECT count(*) FROM checkpoint_access_log WHERE {where}", args).fetchone()[0]
+            total = conn.execute("SELECT ledger_access_log_count(%s, %s)", (role, since)).fetchone()[0]
             with conn.cursor(row_factory=class_row(AccessRow)) as cur:
                 rows = cur.execute(
-                    "SELECT access_id, request_id, at, role, phase, partition_key, what, allowed, named"
-                    f" FROM checkpoint_access_log WHERE {where} ORDER BY access_id DESC LIMIT %(limit)s", args,
-                ).fetchall()
+                    "SELECT access_id, request_id, at, role, phase, partition_key, what, allowed, named, login,"
+                    " host(client_addr) AS client_addr, backend_pid FROM ledger_access_log(%s, %s, %s)",
+                    (role, since, limit)).fetchall()
             return int(total), rows
 
-        return self._as_owner(q, what="read the access log")
+        return self._as_login(q, what="read the access log")
 
     def access_policy(self) -> dict[str, list[str]]:
         """phase -> the roles that may read it, in phase order."""
+        return self._as_login(lambda conn: {r[0]: list(r[1]) for r in conn.execute(
+            "SELECT phase, roles FROM ledger_access_policy()").fetchall()}, what="read the access policy")
 
-        def q(conn: psycopg.Connection) -> dict[str, list[str]]:
-            rows = conn.execute("SELECT o.phase, coalesce(array_agg(a.role ORDER BY a.role)"
-                                " FILTER (WHERE a.role IS NOT NULL), '{}') FROM phase_order o"
-                                " LEFT JOIN phase_access a USING (phase) GROUP BY o.phase, o.position"
-                                " ORDER BY o.position").fetchall()
-            return {r[0]: list(r[1]) for r in rows}
-
-        return self._as_owner(q, what="read the access policy")
-
-    def change_access(self, action: str, role: str, phase: str, *, actor: str, reason: str) -> bool:
+    def change_access(self, action: str, role: str, phase: str, *, reason: str) -> bool:
         """Grant (``action="grant"``) or revoke a role's reading of a phase, as one operator action
-        recorded with who and why; returns whether the policy changed."""
+        recorded with the login that made it and why; returns whether the policy changed.
+
+        Through ``ledger_change_access`` (migration 009), which refuses a login that is not a
+        member of admin."""
         if action not in ("grant", "revoke"):
             raise ValueError(action)
+        return bool(self._as_login(
+            lambda conn: conn.execute("SELECT ledger_change_access(%s, %s, %s, %s)",
+                                      (action, role, phase, reason)).fetchone()[0],
+            what=f"{action} {role} on {phase}"))
 
-        def txn(conn: psycopg.Connection) -> bool:
-            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
-                raise ConfigError(f"access {action}: there is no database role {role!r}")
-            if conn.execute("SELECT 1 FROM phase_order WHERE phase = %s", (phase,)).fetchone() is None:
-                raise ConfigError(f"access {action}: there is no phase {phase!r}")
-            if action == "grant":
-                changed = conn.execute("INSERT INTO phase_access (phase, role) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                                       (phase, role)).rowcount
-            else:
-                changed = conn.execute("DELETE FROM phase_access WHERE phase = %s AND role = %s", (phase, role)).rowcount
-            self.record_action_txn(conn, action, "*", actor=actor, reason=reason, phase=phase,
-                                   detail={"role": role, "changed": bool(changed)})
-            return bool(changed)
+    def retain(self, *, older_than_days: int, reason: str) -> tuple[int, int]:
+        """Remove access-log rows and operator actions older than the window, through
+        ``ledger_retain`` (admin only; it records its own use). Returns (log rows, actions) removed."""
+        row = self._as_login(lambda conn: conn.execute("SELECT access_rows, actions FROM ledger_retain(%s, %s)",
+                                                       (dt.timedelta(days=older_than_days), reason)).fetchone(),
+                             what="apply the access log's retention")
+        return int(row[0]), int(row[1])
 
-        return self._as_owner(txn, what=f"{action} {role} on {phase}")
+    def _as_login(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+        """:meth:`_as_owner` for a person's action: a refusal of the database (not a member of
+        admin, no such role or phase, a reason missing) is one line naming the refusal."""
+        try:
+            return self._as_owner(fn, what=what)
+        except LedgerError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, psycopg.errors.InsufficientPrivilege | psycopg.errors.UndefinedObject
+                          | psycopg.errors.InvalidParameterValue | psycopg.errors.UndefinedFunction):
+                if isinstance(cause, psycopg.errors.UndefinedFunction):
+                    raise ConfigError(f"could not {what}: the ledger's schema is older than this stormlake; run"
+                                      " `stormlake db migrate` as the ledger's owner") from cause
+                raise AccessRefused(f"could not {what}: {cause.diag.message_primary}") from cause
+            raise
 
     # ---- dead letters and operator actions ----------------------------------------------
     def release(self, partition_key: str, *, actor: str, reason: str) -> Release:
@@ -1389,6 +1426,44 @@ def dead_lettered_phases(dsn: str, keys: list[str], after: int, *, timeout_s: fl
     return out
 
 
-def get_ledger(dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False) -> Ledger:
-    """The process-wide ledger for ``dsn`` and ``role`` (one pool each per process), migrated on first use."""
-    return Ledger.shared(dsn, role=role, audited=audited)
+def login_roles(dsn: str, role: str | None = None) -> tuple[str, list[str], int]:
+    """The login of ``dsn``, which of the roles a person may read as it is a member of (with
+    ``role``, that one is looked at too), and the ledger's schema version (0: not migrated, or too
+    old to tell its readers). One connection of its own, no role taken on, no DDL."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            login, roles = conn.execute(
+                "SELECT session_user::text, coalesce(array_agg(r ORDER BY r) FILTER (WHERE"
+                " EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) AND pg_has_role(session_user, r, 'MEMBER')), '{}')"
+                " FROM unnest(%s::text[]) r", (sorted({*READ_AS_ROLES, *([role] if role else [])}),)).fetchone()
+            version = _schema_version_txn(conn)
+    except psycopg.Error as exc:
+        raise LedgerUnavailable(f"could not log in to the ledger ({_reason(exc)}); {_advice(exc)}") from exc
+    return str(login), list(roles), version
+
+
+def _schema_version_txn(conn: psycopg.Connection) -> int:
+    if not conn.execute("SELECT to_regclass('public.schema_migrations') IS NOT NULL AND"
+                        " has_table_privilege('public.schema_migrations', 'SELECT')").fetchone()[0]:
+        return 0  # not migrated, or too old to grant its readers the version (009)
+    return int(conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
+
+
+def latest_schema_version() -> int:
+    return max(int(p.name[:3]) for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+
+
+def schema_behind(have: int) -> ConfigError | None:
+    """The error of a command that runs no DDL on a ledger at schema version ``have``, if it is behind."""
+    latest = latest_schema_version()
+    if have >= latest:
+        return None
+    return ConfigError(f"the ledger's schema is at version {have}, this stormlake needs {latest}: run"
+                       " `stormlake db migrate` as the ledger's owner (STORMLAKE_OWNER_DSN), then again")
+
+
+def get_ledger(dsn: str, *, role: str | None = PIPELINE_ROLE, audited: bool = False,
+               owner_dsn: str | None = None) -> Ledger:
+    """The process-wide ledger for ``dsn`` and ``role`` (one pool each per process); with
+    ``owner_dsn``, migrated as that login on first use (:meth:`Ledger.shared`)."""
+    return Ledger.shared(dsn, role=role, audited=audited, owner_dsn=owner_dsn)

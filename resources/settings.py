@@ -67,6 +67,10 @@ class Settings:
     lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
     write_together: int = DEFAULT_WRITE_TOGETHER  # small partitions of a range step written in one commit a table (1: each alone)
     landing_sensor: str = "running"  # the landing sensor's default status: running (serve the day as it lands) or stopped
+    owner_dsn: str | None = None  # STORMLAKE_OWNER_DSN: migrations and new logins (resources.logins)
+    pipeline_dsn: str | None = None  # STORMLAKE_PIPELINE_DSN: the pipeline's own login
+    dagster_dsn: str | None = None  # STORMLAKE_DAGSTER_DSN: Dagster's storage, with credentials of its own
+    file_mode: str = "private"  # STORMLAKE_FILE_MODE: private (0600/0700) or group (0640/0750)
 
     @property
     def pgdata(self) -> Path:
@@ -112,6 +116,10 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
                                           DEFAULT_LAKE_LOG_RETENTION_MINUTES),
         write_together=_whole(get, "STORMLAKE_WRITE_TOGETHER", DEFAULT_WRITE_TOGETHER),
         landing_sensor=_choice(get, "STORMLAKE_LANDING_SENSOR", ("running", "stopped")),
+        owner_dsn=get("STORMLAKE_OWNER_DSN"),
+        pipeline_dsn=get("STORMLAKE_PIPELINE_DSN"),
+        dagster_dsn=get("STORMLAKE_DAGSTER_DSN"),
+        file_mode=_choice(get, "STORMLAKE_FILE_MODE", ("private", "group")),
     )
 
 

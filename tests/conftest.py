@@ -34,14 +34,14 @@ def pg_admin_dsn() -> Iterator[str]:
     if external:
         yield external
         return
-    from resources.pgserver import _server
+    from resources.pgserver import embedded_server_dsn, stop_embedded
+    from tests.consumer import passfile_dsn
 
     base = Path(tempfile.mkdtemp(prefix="stormlake-test-pg-"))
-    server = _server(base / "pg")
     try:
-        yield server.get_uri(database="postgres")
+        yield passfile_dsn(embedded_server_dsn(base / "pg"), base / "pgpass")
     finally:
-        server.stop()
+        stop_embedded(base / "pg")
         shutil.rmtree(base, ignore_errors=True)
 
 

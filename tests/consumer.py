@@ -525,13 +525,26 @@ def server_ready(pgdata: Path) -> bool:
     return pm is not None and len(pm[1]) > 7 and pm[1][7].strip() == "ready"
 
 
+def passfile_dsn(dsn: str, passfile: Path) -> str:
+    """``dsn`` with its password moved to a libpq password file (0600), as a person keeps it: a DSN
+    without a secret goes into dagster.yaml as it is, for every process to read."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    password = info.pop("password", None)
+    if not password:
+        return dsn
+    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"*:*:*:{info.get('user') or 'postgres'}:{password}\n")
+    return psycopg.conninfo.make_conninfo(**info, passfile=str(passfile))
+
+
 def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
     """The ledger DSN of ``env``: STORMLAKE_PG_DSN, or its home's embedded server once that is ready.
 
     None when no embedded server runs (a kill stopped its first start before it got going). A
     server still starting (a kill landed in ``pg_ctl start``) is waited for. The embedded
-    server listens on a Unix socket in the directory ``postmaster.pid`` names (its data
-    directory), and the ledger's database is ``stormlake``.
+    server listens on a Unix socket in the folder and with the port ``postmaster.pid`` names,
+    and asks for the password kept in the home's secrets; the ledger's database is ``stormlake``.
     """
     if env.get("STORMLAKE_PG_DSN"):
         return env["STORMLAKE_PG_DSN"]
@@ -542,7 +555,9 @@ def ledger_dsn(env: dict[str, str], *, wait_s: float = 60.0) -> str | None:
         if pm is None:
             return None
         if server_ready(pgdata):
-            return f"postgresql://postgres:@/stormlake?host={pm[1][4].strip()}"
+            from resources.pgserver import server_dsn
+
+            return server_dsn(pgdata, "stormlake")
         assert time.monotonic() < deadline, f"the embedded server in {pgdata} did not get ready in {wait_s:.0f} s"
         time.sleep(0.05)
 

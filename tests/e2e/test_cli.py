@@ -188,6 +188,10 @@ def test_demo_twice_on_the_embedded_server(tmp_path: Path, embedded_home: Path) 
 
 def test_status_of_an_empty_ledger(tmp_path: Path, pg_dsn: str) -> None:
     env = base_env(tmp_path / "home", STORMLAKE_PG_DSN=pg_dsn)
+    # A read command runs no DDL: on a ledger nobody migrated yet it says who must, then reads.
+    assert_one_line_error(stormlake("status", env=env, cwd=tmp_path), 2, "stormlake db migrate")
+    migrate = stormlake("db", "migrate", env=env, cwd=tmp_path)
+    assert migrate.returncode == 0 and "schema is at version" in migrate.stdout, migrate.stderr
     assert status_json(env, tmp_path) == {"partitions": []}
     proc = stormlake("status", env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "no partitions" in proc.stdout

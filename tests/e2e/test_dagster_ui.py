@@ -253,7 +253,7 @@ def _status(env: dict[str, str]) -> dict[str, Any]:
 def _ledger_counts() -> dict[str, Any]:
     from resources.ledger import get_ledger
 
-    led = get_ledger(os.environ["STORMLAKE_PG_DSN"])
+    led = get_ledger(os.environ["STORMLAKE_PG_DSN"], owner_dsn=os.environ["STORMLAKE_PG_DSN"])
     receipts = query(led, "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'DELIVERED') AS d FROM receipts")[0]
     attempts = {f"{k[0]}/{k[1]}": v for k, v in sorted(attempt_counts(led).items())}
     seqs = {f"{r['partition_key']}/{r['phase']}": r["seq"] for r in query(led,

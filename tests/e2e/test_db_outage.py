@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from resources.pgserver import _server, with_database
+from resources.pgserver import _server, embedded_server_dsn, stop_embedded, with_database
 from tests.consumer import (
     Consumer,
     check_consumer,
@@ -25,6 +25,7 @@ from tests.consumer import (
     check_one_line_error,
     kill_group,
     make_home,
+    passfile_dsn,
     run,
     sql_rows,
     start,
@@ -37,9 +38,23 @@ ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast",
 ARGS = ("backfill", "--regions", "gulf_coast,pine_belt", "--days", "2026-09-01..2026-09-02")
 
 
+class OwnServer:
+    """An embedded server of the test's own, stopped and started again as stormlake does (its port kept)."""
+
+    def __init__(self, pgdata: Path):
+        self.pgdata = pgdata
+        self.admin = passfile_dsn(embedded_server_dsn(pgdata), pgdata.parent / "pgpass")
+
+    def stop(self) -> None:
+        stop_embedded(self.pgdata)
+
+    def start(self) -> None:
+        _server(self.pgdata)
+
+
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator:
-    server = _server(tmp_path / "pg")
+def own_server(tmp_path: Path) -> Iterator[OwnServer]:
+    server = OwnServer(tmp_path / "pg")
     try:
         yield server
     finally:
@@ -47,7 +62,7 @@ def own_server(tmp_path: Path) -> Iterator:
 
 
 def test_ledger_outage_mid_backfill_then_resume(own_server, sample_landing: Path, tmp_path: Path) -> None:
-    admin = own_server.get_uri(database="postgres")
+    admin = own_server.admin
     name = f"stormlake_outage_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -294,7 +294,8 @@ def test_a_finished_cluster_survives_crashes_and_stale_pid_files() -> None:
             time.sleep(0.05)
         other = subprocess.Popen(["sleep", "600"], start_new_session=True, **_server_user())  # type: ignore[call-overload]
         try:
-            for lock in (pgdata / "postmaster.pid", pgdata / ".s.PGSQL.5432.lock"):
+            port = (pgdata / "postmaster.pid").read_text().splitlines()[3].strip()
+            for lock in (pgdata / "postmaster.pid", pgdata / f".s.PGSQL.{port}.lock"):
                 lines = lock.read_text().splitlines()
                 lock.write_text("\n".join([str(other.pid), *lines[1:]]) + "\n")
             status = run(env, "db", "status")

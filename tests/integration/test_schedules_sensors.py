@@ -59,7 +59,8 @@ def _storm_job() -> dg.JobDefinition:
 def _ledger():
     from resources.ledger import get_ledger
 
-    return get_ledger(os.environ["STORMLAKE_PG_DSN"])
+    dsn = os.environ["STORMLAKE_PG_DSN"]
+    return get_ledger(dsn, owner_dsn=dsn)  # the contract's one DSN owns the ledger: migrated on first use
 
 
 def _heads(key: str) -> dict[str, object]:
