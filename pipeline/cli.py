@@ -359,8 +359,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     day, region = split_partition_key(args.key)
     if _a_day(day) is None or not region:
         raise ConfigError(f"show {args.key!r}: give a partition key, YYYY-MM-DD|region (as status shows them)")
-    ledger = _reading_ledger(settings, args.role)
-    _say_hidden(ledger, args.role)
+    ledger, who = _reading_ledger(settings, args.role)
+    _say_hidden(ledger, who)
     rec = provenance(history(ledger, args.key))
     if args.html:
         Path(args.html).write_text(render_html(rec), encoding="utf-8")

@@ -186,7 +186,7 @@ def provenance(h: History) -> dict[str, Any]:
     actions = [{"action_id": a.action_id, "at": _iso(a.at), "action": a.action, "phase": a.phase, "actor": a.actor,
                 "reason": a.reason, "detail": a.detail} for a in h.actions]
     reads: dict[int, dict[str, Any]] = {}
-    for r in h.reads:
+    for r in h.reads or []:
         got = reads.setdefault(r.request_id, {"request_id": r.request_id, "at": _iso(r.at), "role": r.role,
                                               "what": r.what, "allowed": [], "denied": []})
         got["allowed" if r.allowed else "denied"].append(r.phase)
@@ -194,7 +194,7 @@ def provenance(h: History) -> dict[str, Any]:
     return {
         "partition": h.partition_key, "region": region, "day": day, "role": h.role, "hidden_phases": h.hidden,
         "phases": {p.name: phases[p.name] for p in PHASES if p.name in phases},
-        "deliveries": deliveries, "actions": actions, "reads": list(reads.values()), "problems": problems,
+        "deliveries": deliveries, "actions": actions, "reads": None if h.reads is None else list(reads.values()), "problems": problems,
     }
 
 
@@ -258,7 +258,9 @@ def render_text(rec: dict[str, Any]) -> Iterator[str]:
         yield "operator actions"
         for a in rec["actions"]:
             yield f"  {a['at'][:19]} {a['action']} {a['phase'] or '-'} by {a['actor']}: {a['reason']}"
-    if rec["reads"]:
+    if rec["reads"] is None:
+        yield "reads (access log): left out, this login may not read the access log (compliance_auditor and admin may)"
+    elif rec["reads"]:
         yield "reads (access log)"
         for r in rec["reads"]:
             denied = f"; denied {', '.join(r['denied'])}" if r["denied"] else ""

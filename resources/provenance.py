@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from resources.errors import AccessRefused
 from resources.ledger import AccessRow, Checkpoint, Event, Ledger, Receipt
 from resources.ledger_views import LedgerViews
 
@@ -64,7 +65,7 @@ class History:
     calls: list[CallRow]
     receipts: list[Receipt]
     actions: list[ActionRow]
-    reads: list[AccessRow]  # reads of this partition by a person, oldest first
+    reads: list[AccessRow] | None  # reads of this partition by a person, oldest first; None: the login may not read the log
 
 
 class ProvenanceViews(LedgerViews):
@@ -111,18 +112,21 @@ class ProvenanceViews(LedgerViews):
                        receipts, actions, reads_of(self.ledger, key, hidden))
 
 
-def reads_of(ledger: Ledger, partition_key: str, hidden: list[str]) -> list[AccessRow]:
-    """The access log's rows of reads that named this partition, but those of ``hidden`` phases."""
+def reads_of(ledger: Ledger, partition_key: str, hidden: list[str]) -> list[AccessRow] | None:
+    """The access log's rows of reads that named this partition, but those of ``hidden`` phases;
+    None when the login may not read the log (only compliance_auditor and admin may)."""
 
     def q(conn: psycopg.Connection) -> list[AccessRow]:
         with conn.cursor(row_factory=class_row(AccessRow)) as cur:
             return cur.execute(
-                "SELECT access_id, request_id, at, role, phase, partition_key, what, allowed, named"
-                " FROM checkpoint_access_log WHERE partition_key = %s AND NOT (phase = ANY(%s))"
-                " ORDER BY access_id", (partition_key, hidden)).fetchall()
+                "SELECT access_id, request_id, at, role, phase, partition_key, what, allowed, named, login,"
+                " host(client_addr) AS client_addr, backend_pid FROM ledger_access_log_of(%s)"
+                " WHERE NOT (phase = ANY(%s))", (partition_key, hidden)).fetchall()
 
-    # Readers hold no grant on the log (migration 007): it is read as its owner, as `access log` does.
-    return ledger._as_owner(q, what=f"read the access log of {partition_key}")
+    try:
+        return ledger._as_login(q, what=f"read the access log of {partition_key}")
+    except AccessRefused:
+        return None
 
 
 def history(ledger: Ledger, partition_key: str) -> History:
