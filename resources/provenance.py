@@ -78,10 +78,13 @@ class ProvenanceViews(LedgerViews):
         super().__init__(ledger)
         self.partition_key = partition_key
 
-    def _request(self, what: str) -> int:
-        if what not in self._requests:
-            self._requests[what] = self.ledger.open_read(what, None, self.partition_key)
-        return self._requests[what]
+    def _request(self, conn: psycopg.Connection, what: str) -> int:
+        """The session's logged request of kind ``what``, for this partition only."""
+        key = (conn.info.backend_pid, what)
+        if key not in self._requests:
+            self._requests[key] = int(conn.execute("SELECT ledger_read.open(%s, NULL, %s)",
+                                                   (what, self.partition_key)).fetchone()[0])
+        return self._requests[key]
 
     def history(self) -> History:
         key = self.partition_key

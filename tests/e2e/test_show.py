@@ -113,7 +113,7 @@ def test_show_gives_every_attempt_delivery_action_and_read_and_obeys_the_read_po
                               " WHERE role = 'compliance_auditor' AND partition_key = %s", (KEY,))
     assert set(logged) == {("ingest", False), ("enrich", False), ("correlate", False), ("present", True)}
 
-    ops = run(env, "show", KEY)  # ops_reader: correlate and present, as text
+    ops = run(env, "show", KEY, "--role", "ops_reader")  # correlate and present, as text
     assert ops.returncode == 0, str(ops)
     assert "ingest" not in ops.stdout.split("deliveries")[0].replace(KEY, "")
     assert "correlate\n" in ops.stdout and "forced re-run from present" in ops.stdout
