@@ -19,6 +19,7 @@ naming the URL (never a credential) and what went wrong.
 
 from __future__ import annotations
 
+import abc
 import os
 import urllib.parse
 from dataclasses import dataclass
@@ -73,37 +74,37 @@ def delta_storage_options(uri: str) -> dict[str, str] | None:
     return options
 
 
-class Storage:
+class Storage(abc.ABC):
     """A folder of files addressed by ``/``-separated paths relative to its root."""
 
     kind: str  # "file" or "s3": the delivery target's name in receipts and the status JSON
     location: str  # the root as shown (no credential)
 
+    @abc.abstractmethod
     def url(self, rel: str) -> str:
         """Where ``rel`` is, as shown and recorded."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stat(self, rel: str) -> Stat | None:
         """The file's :class:`Stat`; None when there is none."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read(self, rel: str) -> bytes:
         """The file's bytes. Raises FileNotFoundError when it is missing."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def put(self, rel: str, data: bytes, *, durable: bool = False) -> str:
         """Write the whole file at once (a reader sees the old bytes or the new, never a part);
         returns :meth:`url`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def listing(self, rel: str = "") -> tuple[list[str], dict[str, Stat]]:
         """``(folders, files)`` directly under ``rel``: the sub-folder names, sorted, and
         file name -> :class:`Stat`. Empty when ``rel`` does not exist."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def exists(self) -> bool:
         """Whether the root is there (a local folder; an S3 bucket that can be listed)."""
-        raise NotImplementedError
 
     def file(self, rel: str) -> StoredFile:
         return StoredFile(self, rel)
