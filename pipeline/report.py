@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
 from assets.transforms.pages import page_environment
-from pipeline.status import revisions, views
+from pipeline.status import views
 from resources.errors import SummaryInvalid
 from resources.files import write_atomic
 from resources.keys import partition_key
@@ -126,7 +126,7 @@ def _open_day(v: LedgerViews) -> tuple[str, list[OpenPartition]]:
 
     today = utc_today()
     rows = v.partitions(StatusFilter(days=(today, today)))
-    return today, [OpenPartition(r.region, r.tier, r.tier_label, revisions(r.deliveries),
+    return today, [OpenPartition(r.region, r.tier, r.tier_label, r.revisions,
                                  sum(d["status"] == "DELIVERED" for d in r.deliveries)) for r in rows]
 
 

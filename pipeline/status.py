@@ -14,11 +14,13 @@ they answer in well under a second on a year of 50 regions. At that scale:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Iterator
 from typing import Any, TextIO
 
 from assets.phases import PHASES, TIER_LABELS
 from assets.quality import GRADES
+from resources.landing import utc_today
 from resources.ledger import Ledger
 from resources.ledger_views import ALL_PARTITIONS, LedgerViews, PartitionRow, StatusFilter, StatusSummary
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
@@ -38,9 +40,11 @@ def views(ledger: Ledger) -> LedgerViews:
     return LedgerViews(ledger)
 
 
-def as_entry(row: PartitionRow, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> dict[str, Any]:
-    """One partition in the contract's shape, plus its signal quality, whether it is held and its
-    dead-lettered phases (as ``status --json`` gives them)."""
+def as_entry(row: PartitionRow, *, open_day: str,
+             dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> dict[str, Any]:
+    """One partition in the contract's shape, plus its signal quality, whether it is held, its
+    dead-lettered phases, its revisions and whether its day is ``open_day`` (as ``status --json``
+    gives them)."""
     return {
         "region": row.region,
         "day": row.day,
@@ -51,41 +55,41 @@ def as_entry(row: PartitionRow, *, dead_letter_after: int = DEFAULT_DEAD_LETTER_
         "signal_quality": row.signal_quality,
         "held": row.held,
         "dead_lettered": sorted(name for name, e in row.phases.items() if e.get("failures", 0) >= dead_letter_after),
+        "revisions": row.revisions,
+        "open": row.day == open_day,
     }
 
 
 def partition_status(ledger: Ledger, flt: StatusFilter = ALL_PARTITIONS, *,
                      dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> list[dict[str, Any]]:
     """The selected partitions in the contract's shape, in (day, region) order."""
-    return [as_entry(row, dead_letter_after=dead_letter_after) for row in views(ledger).partitions(flt)]
+    today = utc_today()
+    return [as_entry(row, open_day=today, dead_letter_after=dead_letter_after) for row in views(ledger).partitions(flt)]
 
 
 def write_json(ledger: Ledger, out: TextIO, flt: StatusFilter = ALL_PARTITIONS, *,
                dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> int:
-    """Stream ``{"partitions": [...]}`` to ``out``; returns how many partitions were written."""
+    """Stream ``{"partitions": [...], "open_days": [...]}`` to ``out``; returns how many partitions
+    were written."""
+    today = utc_today()
     n = 0
     out.write('{"partitions": [')
-    for text in views(ledger).stream_status_json(flt, dead_letter_after=dead_letter_after):
+    for text in views(ledger).stream_status_json(flt, open_day=today, dead_letter_after=dead_letter_after):
         out.write(",\n" if n else "\n")
         out.write(text)
         n += 1
-    out.write("\n]}\n" if n else "]}\n")
+    out.write("\n]" if n else "]")
+    out.write(f', "open_days": {json.dumps(open_days(flt, today))}}}\n')
     return n
 
 
-def revisions(deliveries: list[dict[str, Any]]) -> int:
-    """How many revisions a partition has had: the most artifact ids any of its artifacts (kind and
-    target) was delivered under; each new revision supersedes the one before."""
-    ids: dict[tuple[str, str], set[str]] = {}
-    for d in deliveries:
-        ids.setdefault((d["artifact_id"].split("@")[0], d.get("target", "")), set()).add(d["artifact_id"])
-    return max((len(v) for v in ids.values()), default=0)
+def open_days(flt: StatusFilter, today: str) -> list[str]:
+    """The days still open within the selection: the UTC day in progress, unless ``--days`` leaves it out."""
+    return [today] if flt.days is None or flt.days[0] <= today <= flt.days[1] else []
 
 
 def open_day_line() -> str:
     """Which day is still open: the current UTC day, whose partitions get a new revision as files land."""
-    from resources.landing import utc_today
-
     return (f"open: {utc_today()} (the UTC day in progress: its partitions get a new revision as files land); "
             "every earlier day is closed")
 
@@ -102,7 +106,7 @@ def _row_line(p: PartitionRow) -> str:
     delivered = sum(d["status"] == "DELIVERED" for d in p.deliveries)
     pending = sum(d["status"] == "PENDING" for d in p.deliveries)
     return (f"{p.day:<10}  {p.region:<16} {str(p.tier) + ' ' + p.tier_label:<18} "
-            + " ".join(cells) + f" {p.signal_quality or '-':<8} {revisions(p.deliveries):<9} {delivered}"
+            + " ".join(cells) + f" {p.signal_quality or '-':<8} {p.revisions:<9} {delivered}"
             + (f" (+{pending} pending)" if pending else ""))
 
 

@@ -28,6 +28,7 @@ from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
 from resources.errors import AccessRefused, LedgerError
+from resources.landing import utc_today
 from resources.ledger import Checkpoint, Ledger
 from resources.settings import DEFAULT_DEAD_LETTER_AFTER
 
@@ -35,6 +36,15 @@ T = TypeVar("T")
 
 #: Rows a chunk when streaming the full status.
 STREAM_BATCH = 2000
+
+#: How many revisions the partition ``s`` has had: the most artifact ids any of its artifacts (kind
+#: and target) was delivered under, each new revision superseding the one before. The one
+#: definition, for the table, the report and ``status --json``; read from the entries that
+#: ``partition_state`` already holds, so it costs no query of its own.
+REVISIONS_SQL = sql.SQL(
+    "(SELECT coalesce(max(g.n), 0) FROM (SELECT count(DISTINCT d->>'artifact_id') AS n"
+    " FROM jsonb_array_elements(s.deliveries) d"
+    " GROUP BY split_part(d->>'artifact_id', '@', 1), d->>'target') g)")
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class PartitionRow:
     deliveries: list[dict[str, Any]]
     held: bool = False  # present held its deliveries for review (a noisy batch)
     signal_quality: str | None = None  # present's grade, None before present ran
+    revisions: int = 0  # see REVISIONS_SQL
 
 
 @dataclass(frozen=True)
@@ -300,17 +311,19 @@ class LedgerViews:
         """The selected partitions, in (day, region) order."""
         query = self._q("SELECT s.partition_key, s.region_id AS region, s.day, s.tier, s.tier_label, s.failed,"
                         " s.pending, s.phases,"
-                        " s.deliveries, s.held, s.signal_quality"
+                        " s.deliveries, s.held, s.signal_quality, {revisions} AS revisions"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
-                        where=self._where(flt), limit=self._limit(flt))
+                        where=self._where(flt), limit=self._limit(flt), revisions=REVISIONS_SQL)
         return self._rows(query, PartitionRow, "read the partitions' status")
 
-    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *,
+    def stream_status_json(self, flt: StatusFilter = ALL_PARTITIONS, *, open_day: str | None = None,
                            dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER) -> Iterator[str]:
         """Each selected partition as the contract's JSON object (text made by the server), in order.
 
-        Beyond the contract's keys: ``signal_quality`` (null before present ran), ``held``, and
-        ``dead_lettered``, the phases that failed ``dead_letter_after`` times on their inputs.
+        Beyond the contract's keys: ``signal_quality`` (null before present ran), ``held``,
+        ``dead_lettered``, the phases that failed ``dead_letter_after`` times on their inputs,
+        ``revisions`` (:data:`REVISIONS_SQL`) and ``open``, whether its day is ``open_day`` (by
+        default the UTC day in progress).
 
         The rows are streamed (libpq's chunked rows, :data:`STREAM_BATCH` at a time; one at a time
         with a libpq older than 17): a dump of every partition of a year starts at once, holds one
@@ -324,13 +337,16 @@ class LedgerViews:
         into it only to print them, a large share of the server's time for a year's dump.
         """
         query = self._q("SELECT concat('{{\"day\": ', to_json(s.day), ', \"held\": ', to_json(s.held),"
+                        " ', \"open\": ', (s.day = {today})::text,"
                         " ', \"tier\": ', s.tier, ', \"phases\": ', s.phases, ', \"region\": ', to_json(s.region_id),"
+                        " ', \"revisions\": ', {revisions},"
                         " ', \"deliveries\": ', s.deliveries, ', \"tier_label\": ', to_json(s.tier_label),"
                         " ', \"dead_lettered\": ', CASE WHEN s.failed THEN coalesce((SELECT jsonb_agg(e.key ORDER BY e.key)"
                         "  FROM jsonb_each(s.phases) e WHERE (e.value->>'failures')::int >= {after}), '[]')"
                         " ELSE '[]' END, ', \"signal_quality\": ', coalesce(to_json(s.signal_quality)::text, 'null'), '}}')"
                         " FROM {ps} s WHERE {where} ORDER BY s.day, s.region_id{limit}",
-                        after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt))
+                        after=sql.Literal(int(dead_letter_after)), where=self._where(flt), limit=self._limit(flt),
+                        today=sql.Literal(open_day or utc_today()), revisions=REVISIONS_SQL)
         kinds = self._take_uses()
         with self._session("read the partitions' status") as conn:
             requests = [self._request(conn, k) for k in kinds]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from resources.landing import utc_today
 from resources.pgserver import with_database
 from resources.publisher import ARTIFACT_KINDS
 
@@ -78,10 +79,13 @@ def status_json(env: dict[str, str], cwd: Path) -> dict[str, Any]:
 
 
 def validate_status(doc: Any) -> None:
-    """The shape of contract section 8."""
-    assert isinstance(doc, dict) and set(doc) == {"partitions"}, doc
+    """The shape of contract section 8, and its optional extensions that say which days are open."""
+    assert isinstance(doc, dict) and set(doc) == {"partitions", "open_days"}, doc
     assert isinstance(doc["partitions"], list)
+    assert isinstance(doc["open_days"], list) and all(DAY_RE.match(d) for d in doc["open_days"]), doc["open_days"]
     for p in doc["partitions"]:
+        assert p["open"] is (p["day"] in doc["open_days"]), p
+        assert isinstance(p["revisions"], int) and p["revisions"] >= 0, p
         assert {"region", "day", "tier", "tier_label", "phases", "deliveries"} <= set(p), p
         assert REGION_RE.match(p["region"]) and DAY_RE.match(p["day"]), p
         assert isinstance(p["tier"], int) and p["tier"] in TIER_LABELS
@@ -192,7 +196,7 @@ def test_status_of_an_empty_ledger(tmp_path: Path, pg_dsn: str) -> None:
     assert_one_line_error(stormlake("status", env=env, cwd=tmp_path), 2, "stormlake db migrate")
     migrate = stormlake("db", "migrate", env=env, cwd=tmp_path)
     assert migrate.returncode == 0 and "schema is at version" in migrate.stdout, migrate.stderr
-    assert status_json(env, tmp_path) == {"partitions": []}
+    assert status_json(env, tmp_path) == {"partitions": [], "open_days": [utc_today()]}
     proc = stormlake("status", env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "no partitions" in proc.stdout
 

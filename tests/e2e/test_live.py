@@ -63,6 +63,11 @@ def test_todays_partition_runs_and_a_folder_for_tomorrow_fails_alone(tmp_path: P
     assert sorted((r[0], r[1], r[-2]) for r in rows) == sorted(
         (day, region, "1") for day in (yesterday, today) for region in REGIONS), table.stdout
     assert f"open: {today} (the UTC day in progress" in table.stdout, table.stdout
+    # status --json says the same: one revision each, and today's partitions open.
+    doc = json.loads(run(env, "status", "--json", "--role", "admin").stdout)
+    assert doc["open_days"] == [today]
+    assert sorted((p["day"], p["region"], p["revisions"], p["open"]) for p in doc["partitions"]) == sorted(
+        (day, region, 1, day == today) for day in (yesterday, today) for region in REGIONS), doc
 
 
 # ---- the landing sensor of a real daemon ------------------------------------------------------
@@ -186,6 +191,8 @@ def test_a_later_version_of_todays_files_is_delivered_once_as_a_superseding_revi
             except ProcessLookupError:
                 pass
             proc.wait(30)
+        # status --json counts two revisions of each of today's partitions, still open.
+        assert {k: (p["revisions"], p["open"]) for k, p in status(env).items()} == dict.fromkeys(keys, (2, True))
         # The consumer got each revision once: the first ones, then the superseding ones.
         posts = consumer.snapshot()
         assert [p.key for p in posts] == [r["artifact_id"] for r in second], [p.key for p in posts]

@@ -14,6 +14,7 @@ import pytest
 from assets.phases import PHASES, TIER_LABELS
 from pipeline.status import partition_status, render_table, views, write_json
 from resources import ledger_views
+from resources.landing import utc_today
 from resources.ledger import Checkpoint, Ledger
 from resources.ledger_views import StatusFilter
 
@@ -25,6 +26,7 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
     with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         heads = cur.execute("SELECT * FROM checkpoints WHERE superseded_at IS NULL").fetchall()
         receipts = cur.execute("SELECT * FROM receipts ORDER BY receipt_id").fetchall()
+    today = utc_today()
     by_key: dict[str, dict[str, dict[str, Any]]] = {}
     for h in heads:
         by_key.setdefault(h["partition_key"], {})[h["phase"]] = h
@@ -62,6 +64,10 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
                 d["idempotency_key"] = r["idempotency_key"]
             deliveries.append(d)
         day, _, region = key.partition("|")
+        artifact_ids: dict[tuple[str, str], set[str]] = {}
+        for r in receipts:
+            if r["partition_key"] == key:
+                artifact_ids.setdefault((r["kind"], r["target"]), set()).add(r["artifact_id"])
         held = any(e.get("held") for e in phases.values())
         present = hs.get("present")
         quality = ((present["summary"] or {}).get("figures", {}).get("quality", {}).get("grade")
@@ -69,7 +75,8 @@ def expected_state(dsn: str) -> dict[str, dict[str, Any]]:
         out[key] = {"region": region, "day": day, "tier": tier,
                     "tier_label": "held_for_review" if held and tier == 3 else TIER_LABELS[tier],
                     "phases": phases, "deliveries": deliveries, "signal_quality": quality, "held": held,
-                    "dead_lettered": sorted(n for n, e in phases.items() if e.get("failures", 0) >= 3)}
+                    "dead_lettered": sorted(n for n, e in phases.items() if e.get("failures", 0) >= 3),
+                    "revisions": max(map(len, artifact_ids.values()), default=0), "open": day == today}
     return out
 
 
@@ -185,13 +192,44 @@ def test_filters_select_what_they_say(year: Ledger) -> None:
     assert partition_status(year, StatusFilter(limit=3)) == everything[:3]
 
 
+def _present(ledger: Ledger, key: str, input_hashes: str) -> None:
+    """Run every phase of ``key`` once per input hash, each run delivering its summary to the file
+    target: a revision for each input that superseded the one before."""
+    region, day = key.split("|")[1], key.split("|")[0]
+    for ih in input_hashes:
+        upstream: dict[str, str] = {}
+        for phase in NAMES:
+            cp = _complete(ledger, key, phase, ih, dict(upstream))
+            assert cp is not None
+            upstream[phase] = cp.state_hash or ""
+        rec = ledger.prepare_receipt(
+            artifact_id=f"{region}/{day}/summary.json@{ih * 16}", target="file", partition_key=key,
+            region_id=region, day=day, kind="summary.json", content_hash=ih * 64, size_bytes=1, target_ref="x",
+            checkpoint_id=cp.id)
+        ledger.mark_delivered(rec, {"ok": True})
+
+
 def test_json_is_streamed_in_the_contracts_shape(year: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    today = utc_today()
+    _present(year, "2026-09-02|r1", "ab")  # revised once: two revisions
+    _present(year, f"{today}|r1", "a")  # the day in progress
     buf = io.StringIO()
     n = write_json(year, buf, StatusFilter())
     doc = json.loads(buf.getvalue())
-    assert n == 80 and doc == {"partitions": partition_status(year)}
+    assert n == 81 and doc == {"partitions": partition_status(year), "open_days": [today]}
+    # How many revisions each partition has had, and which is open, as the table says.
+    got = {f"{p['day']}|{p['region']}": (p["revisions"], p["open"]) for p in doc["partitions"]}
+    assert got.pop("2026-09-02|r1") == (2, False) and got.pop(f"{today}|r1") == (1, True)
+    assert set(got.values()) == {(0, False)}
+    table = {line.split()[0] + "|" + line.split()[1]: line.split()[-2] for line in render_table(
+        year, StatusFilter(regions=("r1",)), filtered=True) if line[:4].isdigit()}
+    assert (table["2026-09-02|r1"], table[f"{today}|r1"], table["2026-09-03|r1"]) == ("2", "1", "0")
+    # --days leaves the open day out: none of its partitions is open, and no day is.
+    closed = io.StringIO()
+    assert write_json(year, closed, StatusFilter(days=("2026-09-01", "2026-09-20"))) == 80
+    assert json.loads(closed.getvalue())["open_days"] == []
     # Each object is the text PostgreSQL prints for it as jsonb: its key order, spacing and escapes.
-    texts = list(views(year).stream_status_json(StatusFilter()))
+    texts = list(views(year).stream_status_json(StatusFilter(), open_day=today))
     with psycopg.connect(year.dsn) as conn:
         printed = conn.execute("SELECT t::jsonb::text FROM unnest(%s::text[]) WITH ORDINALITY u(t, i) ORDER BY i",
                                (texts,)).fetchall()
@@ -206,7 +244,7 @@ def test_json_is_streamed_in_the_contracts_shape(year: Ledger, monkeypatch: pyte
     assert list(views(year).stream_status_json(StatusFilter(limit=2))) == texts[:2]
     empty = io.StringIO()
     assert write_json(year, empty, StatusFilter(regions=("nowhere",))) == 0
-    assert json.loads(empty.getvalue()) == {"partitions": []}
+    assert json.loads(empty.getvalue()) == {"partitions": [], "open_days": [today]}
 
 
 def test_the_dead_letters_counted_with_the_attention_list_are_the_ones_listed(year: Ledger) -> None:
