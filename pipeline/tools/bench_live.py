@@ -18,13 +18,10 @@ The figure is printed against :data:`TARGET_S`; a run over it exits 1.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime as dt
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tools.bench import Databases, _child_env, _say
-from pipeline.tools.bench_ui import _free_port, wait_for_webserver
+from pipeline.tools.bench_ui import _free_port, stop_group, wait_for_webserver
 
 TARGET_S = 60.0
 DEFAULTS = {"partitions": 50, "rows_per_partition": 500}
@@ -133,13 +130,7 @@ def measure_live(args, settings) -> dict[str, Any]:  # noqa: ANN001  (argparse.N
             wall = time.perf_counter() - landed
             superseding = _superseding(ledger_dsn)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+            stop_group(proc)
     finally:
         dbs.drop_all()
     return {"config": {"partitions": n, "rows_per_partition": rows, "day": today},

@@ -122,13 +122,7 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
         wall = time.perf_counter() - t
     finally:
         ledger.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        stop_group(proc)
         log.close()
     _say(f"{name}: {wall:.1f}s")
     return wall
@@ -174,3 +168,15 @@ def render_ui(result: dict[str, Any]) -> str:
         "(launchPartitionBackfill, launch to last publication) against stormlake backfill",
         ("cli", "ui", "ui/cli"), ("cli_s", "ui_s", "ratio"), result,
         f"median ui/cli {result['ratio']:.3f} (target <= {result['target']})")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop ``stormlake ui`` and everything it started (its process group): SIGTERM lets it stop
+    its servers in order; what is left after a while is killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
