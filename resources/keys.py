@@ -53,8 +53,8 @@ RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
 MAX_RETRIES_TAG = "dagster/max_retries"
 #: The first and last key of a key range run: what the UI and the backfill daemon put on one, and
 #: the only way to run a key range in process (``execute_in_process`` takes one partition key).
-#: Dagster's values (``dagster._core.storage.tags``, not exported), checked against them by
-#: ``tests/integration/test_dagster_compat.py``.
+#: Dagster's own values, which it does not export; ``tests/integration/test_dagster_compat.py``
+#: checks them against Dagster's.
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 

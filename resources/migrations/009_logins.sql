@@ -192,14 +192,20 @@ CREATE FUNCTION ledger_access_policy() RETURNS TABLE (phase text, roles text[])
 $$;
 
 -- The access log, for members of compliance_auditor and admin.
-CREATE FUNCTION ledger_access_log(p_role text, p_since timestamptz, p_limit integer)
-    RETURNS SETOF checkpoint_access_log
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+-- The one check that the login (session_user, which a definer call does not change) may read it.
+CREATE FUNCTION ledger_require_log_reader() RETURNS void
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
     IF NOT (pg_has_role(session_user, 'compliance_auditor', 'MEMBER') OR pg_has_role(session_user, 'admin', 'MEMBER')) THEN
         RAISE EXCEPTION 'login % may not read the access log (compliance_auditor and admin may)', session_user
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+END $$;
+CREATE FUNCTION ledger_access_log(p_role text, p_since timestamptz, p_limit integer)
+    RETURNS SETOF checkpoint_access_log
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    PERFORM ledger_require_log_reader();
     RETURN QUERY SELECT * FROM checkpoint_access_log l
         WHERE (p_role IS NULL OR l.role = p_role OR l.login = p_role) AND (p_since IS NULL OR l.at >= p_since)
         ORDER BY l.access_id DESC LIMIT p_limit;
@@ -207,10 +213,7 @@ END $$;
 CREATE FUNCTION ledger_access_log_count(p_role text, p_since timestamptz) RETURNS bigint
     LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
-    IF NOT (pg_has_role(session_user, 'compliance_auditor', 'MEMBER') OR pg_has_role(session_user, 'admin', 'MEMBER')) THEN
-        RAISE EXCEPTION 'login % may not read the access log (compliance_auditor and admin may)', session_user
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM ledger_require_log_reader();
     RETURN (SELECT count(*) FROM checkpoint_access_log l
             WHERE (p_role IS NULL OR l.role = p_role OR l.login = p_role) AND (p_since IS NULL OR l.at >= p_since));
 END $$;

@@ -139,15 +139,21 @@ def test_a_missing_landing_key_fails_its_partition_naming_the_url_and_loses_noth
     check_ledger_clean(pg_dsn)
 
 
-def test_landing_fingerprints_come_from_listings_and_see_a_same_size_rewrite(
-        s3_endpoint: Endpoint, sample_landing: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resources.landing import Landing
-
+def landing_on_s3(s3_endpoint: Endpoint, landing: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """A copy of ``landing`` in a new bucket, the endpoint's variables set: (bucket, landing URL)."""
     for k, v in s3_endpoint.env().items():
         monkeypatch.setenv(k, v)
     bucket = s3_endpoint.new_bucket()
     url = f"s3://{bucket}/landing"
-    s3_endpoint.upload(sample_landing, url)
+    s3_endpoint.upload(landing, url)
+    return bucket, url
+
+
+def test_landing_fingerprints_come_from_listings_and_see_a_same_size_rewrite(
+        s3_endpoint: Endpoint, sample_landing: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resources.landing import Landing
+
+    bucket, url = landing_on_s3(s3_endpoint, sample_landing, monkeypatch)
     zone = Landing(url)
     assert zone.partitions() == [(k.split("|")[0], k.split("|")[1]) for k in ALL]
     before = zone.stat_fingerprint("gulf_coast", "2026-09-01")
@@ -170,11 +176,7 @@ def test_the_landing_sensor_scan_on_s3_sees_new_and_rewritten_objects_once(
     from pipeline.sensors import scan_landing
     from resources.landing import Landing
 
-    for k, v in s3_endpoint.env().items():
-        monkeypatch.setenv(k, v)
-    bucket = s3_endpoint.new_bucket()
-    url = f"s3://{bucket}/landing"
-    s3_endpoint.upload(sample_landing, url)
+    bucket, url = landing_on_s3(s3_endpoint, sample_landing, monkeypatch)
     first = scan_landing(Landing(url), {}, today="2026-12-01")
     assert first.changed == ALL and first.waiting == []
     assert scan_landing(Landing(url), first.fingerprints, today="2026-12-01").changed == []
