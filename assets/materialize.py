@@ -335,8 +335,9 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     (:meth:`PhaseRunner.run_range`: each next one read ahead, the tables of small ones written
     together); each success and each failure with its key.
 
-    A transient error (the ledger unreachable) fails the step, for Dagster's retry; any other
-    error of one partition of a range is kept, and the other partitions go on.
+    A transient error (the ledger unreachable) fails the step, for Dagster's retry, once the
+    materializations of the partitions finished before it are logged (a retry finds them done);
+    any other error of one partition of a range is kept, and the other partitions go on.
     """
     outcomes: list[tuple[str, Outcome]] = []
     failures: list[tuple[str, StormlakeError]] = []
@@ -349,14 +350,21 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
         runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)
         parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
         key_of = {part.key: key for part, key in zip(parts, keys, strict=True)}
+        transient: StormlakeError | None = None
         for part_key, result in runner.run_range(phase, parts, compute, grader):
             key = key_of[part_key]
             if isinstance(result, Outcome):
                 outcomes.append((key, result))
-            elif result.transient or len(keys) == 1:
+            elif result.transient:
+                transient = transient or result
+            elif len(keys) == 1:
                 raise result
             else:
                 failures.append((key, result))  # a range run: the other partitions went on
+        if transient is not None:
+            if outcomes:
+                _log_materializations(context, phase, outcomes, runner.lake)
+            raise transient
     except StormlakeError as exc:
         if exc.transient:
             raise

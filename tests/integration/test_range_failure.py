@@ -242,3 +242,38 @@ def test_no_step_asks_dagster_for_a_retry_of_its_run(sl_env: dict[str, str], ins
         "dagster/retry_on_asset_or_op_failure", "dagster/max_retries")} == {}
 
 
+
+
+def test_a_transient_failure_in_a_range_logs_the_partitions_finished_before_it(
+        sl_env: dict[str, str], instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Present's deliveries to the webhook fail for the range's second partition (5xx, tries
+    exhausted: transient): the step fails for Dagster's retry, each time after logging the first
+    partition's materializations (delivered, checkpointed; a retry finds it done). Once the
+    retries are spent, the first partition shows materialized, the second failed."""
+    from resources.publisher import ARTIFACT_KINDS
+    from tests.consumer import Consumer
+
+    keys = KEYS[:2]  # one day's two regions: one key range
+    tags = {RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[1]}
+    assert _job().execute_in_process(instance=instance, tags=tags, asset_selection=table_keys(PHASES[:-1])).success
+    first = len(ARTIFACT_KINDS)  # the first partition's deliveries are accepted, every later one refused
+    with Consumer(script=dict.fromkeys(range(first, first + 100), 500)) as consumer:
+        monkeypatch.setenv("STORMLAKE_WEBHOOK_URL", consumer.url)
+        monkeypatch.setenv("STORMLAKE_WEBHOOK_TRIES", "1")
+        monkeypatch.setenv("STORMLAKE_WEBHOOK_BACKOFF", "0")
+        result = _job().execute_in_process(instance=instance, tags=tags, asset_selection=table_keys(PHASES[-1:]),
+                                           raise_on_error=False)
+        posts = consumer.snapshot()
+    assert not result.success
+    assert sum(e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY for e in result.all_events) == 2
+    assert [p.answer for p in posts[:first]] == [200] * first, [(p.path, p.answer) for p in posts]
+    assert {p.headers.get("x-stormlake-region") for p in posts[:first]} == {"gulf_coast"}
+    heads = {(cp.partition_key, cp.phase): cp.status for cp in _ledger().heads(keys)}
+    assert (heads[(keys[0], "present")], heads[(keys[1], "present")]) == ("COMPLETED", "FAILED")
+    # Logged on each of the three tries: computed on the first, found done on the retries.
+    mats = [r.asset_materialization for r in instance.fetch_materializations(dg.AssetKey("region_day_summary"),
+                                                                             limit=10).records
+            if r.run_id == result.run_id]
+    assert sorted((str(m.partition), m.metadata["status"].value) for m in mats) == [
+        (keys[0], "COMPLETED"), (keys[0], "SKIPPED"), (keys[0], "SKIPPED")]
+    assert _statuses(instance, "region_day_summary", keys) == {keys[0]: M, keys[1]: F}
