@@ -10,12 +10,18 @@ version) next to the phase's outcome; the column schema is the asset's definitio
 fix (ledger unreachable, webhook 5xx exhausted, lease timeout) propagate so that the op's retry
 policy applies; a user's bad input or a failed grader becomes ``dg.Failure`` with
 ``allow_retries=False`` and a one-line description.
+
+A key range step whose phase failed for some of its partitions fails alone for them: the
+partitions that succeeded are checkpointed and their materializations are logged
+(:func:`_log_materializations`) before the step fails, naming the failed ones
+(:func:`_fail_step`). The run's later steps are skipped for the whole range; the outbox sensor
+continues the good partitions from the next phase once the run is over
+(:func:`pipeline.sensors.evaluate_outbox`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,20 +32,13 @@ from assets.checks import Check
 from assets.context import Compute, Grader, PartitionRef
 from assets.partitions import split_key
 from assets.phases import PHASES, Phase
-from assets.plan import BACKFILL_POLICY, MAX_PARTITIONS_PER_RUN
+from assets.plan import BACKFILL_POLICY
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
+from resources.dagster_compat import data_version_tag
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
-from resources.errors import StormlakeError
-from resources.keys import (
-    FAILED_PARTITIONS_TAG,
-    LAUNCHED_BY,
-    MAX_RETRIES_TAG,
-    PARENT_RUN_TAG,
-    RETRY_ON_FAILURE_TAG,
-    failed_partitions,
-    partition_key,
-)
+from resources.errors import GraderError, NotLanded, StormlakeError
+from resources.keys import partition_key
 from resources.lake import Lake
 from resources.ledger_resource import LedgerResource
 from resources.settings import load_settings
@@ -90,8 +89,8 @@ def table_spec(phase: Phase, table: str, *, deps: list[Any], kinds: set[str]) ->
         },
         partitions_def=PARTITIONS,
         freshness_policy=PICTURE_FRESHNESS if phase.name == PRESENT_PHASE else None,
-        # The first phase's tables are not materialized for a partition whose files have not
-        # landed (see :func:`not_landed`); Dagster then skips the later phases' steps.
+        # The first phase's tables are not materialized for a step none of whose partitions
+        # has landed (see :func:`not_landed`); Dagster then skips the later phases' steps.
         skippable=not phase.upstream_phases,
     )
 
@@ -103,9 +102,10 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
     cannot be subset, since the phase writes all its tables under one checkpoint. Partitions,
     the backfill policy, the retry policy and the pool (one per phase: the writer of its Delta
     tables) are the op's. The backfill policy gives a UI backfill's runs key ranges of up to
-    ``MAX_PARTITIONS_PER_RUN`` partitions (:mod:`assets.plan`), as the CLI's runs of big partitions: Dagster's cost
-    of a run (its creation, its start, its events) is paid once for each range instead of once
-    for each partition. A range's failure stays with its partitions (:func:`_fail_step`).
+    ``MAX_PARTITIONS_PER_RUN`` partitions (:mod:`assets.plan`): Dagster's cost of a run (its
+    creation, its start, its events) is paid once for each range instead of once for each
+    partition. A partition that fails in a range fails alone: the others' materializations are
+    logged, then the step fails naming it (:func:`materialize_phase`).
     """
     from assets.partitions import PARTITIONS
 
@@ -238,42 +238,62 @@ def table_metadata(outcome: Outcome, table: str, lake: Lake, phase_meta: dict[st
 def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None, *,
                       ledger: LedgerResource, lake: LakeResource, landing: LandingResource,
                       publisher: PublisherResource) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-    """Run ``phase`` for every partition of the step; one materialization per table and partition."""
-    if not phase.upstream_phases and not_landed(context, landing):
+    """Run ``phase`` for every partition of the step; one materialization per table and partition.
+
+    When every partition succeeded (COMPLETED, or SKIPPED: already done for these inputs), the
+    step yields one result per table and the grader's check over them. When some failed, are
+    dead-lettered, or (the first phase) have not landed while others have, the ones that
+    succeeded get their materializations logged (:func:`_log_materializations`), then the step
+    fails naming the others (:func:`_fail_step`). A step none of whose partitions has landed
+    (:func:`_not_landed`), or all of whose partitions are dead-lettered (:func:`_dead_lettered`),
+    materializes nothing and does not fail.
+    """
+    keys = list(context.partition_keys)
+    absent = not_landed(keys, landing) if not phase.upstream_phases else []
+    if len(absent) == len(keys):
         yield from _not_landed(context, phase)
         return
-    runner, outcomes, failures = _run_step(context, phase, compute, grader, ledger=ledger, lake=lake,
+    to_run = [k for k in keys if k not in absent]
+    runner, outcomes, failures = _run_step(context, phase, compute, grader, to_run, ledger=ledger, lake=lake,
                                            landing=landing, publisher=publisher)
-    if failures and not outcomes and all(isinstance(exc, DeadLettered) for _, exc in failures):
+    if failures and not outcomes and not absent and all(isinstance(exc, DeadLettered) for _, exc in failures):
         yield from _dead_lettered(context, phase, [exc for _, exc in failures])
         return
+    failures = _in_key_order(keys, [*failures, *((k, NotLanded(str(k))) for k in absent)])
     if failures:
-        _ask_for_regrouping(context, failures)
+        if outcomes:
+            assert runner is not None
+            _log_materializations(context, phase, outcomes, runner.lake)
         yield from _fail_step(phase, failures)
     assert runner is not None
     yield from _materializations(context, phase, outcomes, runner.lake)
-    yield _grader_result(phase, outcomes)
+    yield _grader_result(phase, [o for _, o in outcomes])
 
 
-def not_landed(context: dg.AssetExecutionContext, landing: LandingResource) -> bool:
-    """Whether none of the step's partitions has any of its landing files (folders empty or absent).
+def not_landed(keys: list[str], landing: LandingResource) -> list[str]:
+    """The keys of ``keys`` with none of their landing files (their folders empty or absent).
 
     Dagster offers every day since the first day for every region, most of them with nothing
-    landed yet; a run over such partitions is no failure and leaves no trace in the ledger. A
-    partition with some of its files is read as usual (a missing one fails ingest, naming it).
-    A UI backfill's range that mixes partitions that landed with some that did not is cut in
-    two before it runs (``pipeline.range_runs``); a range that still mixes them (launched in
-    process over a key range) fails ingest for the ones that did not land, naming their files.
+    landed yet. A step none of whose partitions has landed is no failure and leaves no trace in
+    the ledger (:func:`_not_landed`). In a range step with partitions that landed, the ones that
+    did not are not read: they fail the step, one line each (:class:`~resources.errors.NotLanded`),
+    after the others are materialized. A partition with some of its files is read as usual (a
+    missing one fails ingest, naming it).
     """
     zone = landing.get()
-    return not any(zone.has_partition_files(region_id, day) for day, region_id in map(split_key, context.partition_keys))
+    absent = []
+    for key in keys:
+        day, region_id = split_key(key)
+        if not zone.has_partition_files(region_id, day):
+            absent.append(key)
+    return absent
 
 
 def _not_landed(context: dg.AssetExecutionContext, phase: Phase) -> Iterator[dg.AssetCheckResult]:
-    """The step's one result for a partition that has not landed: its grader, passed, saying so.
+    """The step's one result when none of its partitions has landed: its grader, passed, saying so.
 
-    No table is materialized, so the later phases' steps are skipped and the partition stays
-    missing in the catalog, ready for the run that comes when its files land.
+    No table is materialized, so the later phases' steps are skipped and the partitions stay
+    missing in the catalog, ready for the run that comes when their files land.
     """
     keys = context.partition_keys
     what = f"{keys[0]} has" if len(keys) == 1 else f"{keys[0]} .. {keys[-1]} ({len(keys)} partitions) have"
@@ -290,8 +310,9 @@ def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase,
 
     No attempt is made and no table is materialized, so the later phases' steps are skipped and
     the run ends without a failure: backfills, schedule ticks, sensor requests and UI runs all
-    pass over such partitions until ``stormlake release``. (A UI backfill's range is cut before
-    it runs so that its dead-lettered partitions are a range of their own, ``pipeline.range_runs``.)
+    pass over such partitions until ``stormlake release``. A dead-lettered partition in a range
+    with partitions that succeeded fails the step instead, after their materializations
+    (:func:`materialize_phase`).
     """
     lines = [str(exc) for exc in refusals]
     for line in lines:
@@ -308,15 +329,17 @@ def _dead_lettered(context: dg.AssetExecutionContext, phase: Phase,
 
 
 def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute, grader: Grader | None,
-              **resources: Any) -> tuple[PhaseRunner | None, list[Outcome], list[tuple[str, StormlakeError]]]:
-    """Run the phase for the step's partitions, in order (:meth:`PhaseRunner.run_range`: each
-    next one read ahead, the tables of small ones written together).
+              keys: list[str], **resources: Any
+              ) -> tuple[PhaseRunner | None, list[tuple[str, Outcome]], list[tuple[str, StormlakeError]]]:
+    """Run the phase for ``keys`` (the step's partitions, or those of them that landed), in order
+    (:meth:`PhaseRunner.run_range`: each next one read ahead, the tables of small ones written
+    together); each success and each failure with its key.
 
-    A transient error (the ledger unreachable) fails the step, for Dagster's retry; any other
-    error of one partition of a range is kept, and the other partitions go on.
+    A transient error (the ledger unreachable) fails the step, for Dagster's retry, once the
+    materializations of the partitions finished before it are logged (a retry finds them done);
+    any other error of one partition of a range is kept, and the other partitions go on.
     """
-    keys = context.partition_keys
-    outcomes: list[Outcome] = []
+    outcomes: list[tuple[str, Outcome]] = []
     failures: list[tuple[str, StormlakeError]] = []
     runner: PhaseRunner | None = None
     # A key range's outcome lines go to the run's log together, as one event at the step's end
@@ -327,14 +350,21 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
         runner = build_runner(context, **resources, outcome_log=lines.append if len(keys) > 1 else None)
         parts = [PartitionRef.parse(partition_key(*split_key(key)), runner.regions) for key in keys]
         key_of = {part.key: key for part, key in zip(parts, keys, strict=True)}
+        transient: StormlakeError | None = None
         for part_key, result in runner.run_range(phase, parts, compute, grader):
             key = key_of[part_key]
             if isinstance(result, Outcome):
-                outcomes.append(result)
-            elif result.transient or len(keys) == 1:
+                outcomes.append((key, result))
+            elif result.transient:
+                transient = transient or result
+            elif len(keys) == 1:
                 raise result
             else:
                 failures.append((key, result))  # a range run: the other partitions went on
+        if transient is not None:
+            if outcomes:
+                _log_materializations(context, phase, outcomes, runner.lake)
+            raise transient
     except StormlakeError as exc:
         if exc.transient:
             raise
@@ -345,62 +375,78 @@ def _run_step(context: dg.AssetExecutionContext, phase: Phase, compute: Compute,
     return runner, outcomes, failures
 
 
-def _ask_for_regrouping(context: dg.AssetExecutionContext, failures: list[tuple[str, StormlakeError]]) -> None:
-    """Have Dagster retry a queued range run whose phase failed for some of its partitions only.
+def _in_key_order(keys: list[str], failures: list[tuple[str, StormlakeError]]) -> list[tuple[str, StormlakeError]]:
+    """The failures in the step's key order (an error of the whole range, key ``?``, last)."""
+    order = {key: i for i, key in enumerate(keys)}
+    return sorted(failures, key=lambda f: order.get(f[0], len(keys)))
 
-    A failed step fails the run's later steps for every partition of its range. The CLI runs
-    the range's other partitions again without the failed ones (``pipeline.orchestrate``); a
-    run from the queue (a UI backfill, ``dg launch``) asks for the same through Dagster's run
-    retries: its tags name the failed partitions (``FAILED_PARTITIONS_TAG``) and allow a retry
-    on a step failure (the documented ``dagster/retry_on_asset_or_op_failure`` tag; the instance
-    retries only crashed runs) while its run group is not much bigger than now
-    (``dagster/max_retries``: Dagster counts a group's runs when the run fails, and a range's
-    other runs may have failed and been retried meanwhile; each retry leaves at least one
-    failed partition out, so the retries of a range end).
-    The retry, from the failed step on, reaches stormlake's run coordinator, which turns it
-    into runs over the range's other partitions (``pipeline.range_runs``); a backfill waits
-    for them and ends with only the failed partitions failed. A run that still holds a
-    partition its parent named as failed was not cut (an instance without stormlake's
-    coordinator): it asks for nothing more, so a range is retried at most once that way.
-    """
-    keys = list(context.partition_keys)
-    failed = [k for k, _ in failures]
-    if len(keys) < 2 or context.run.tags.get(LAUNCHED_BY) == "cli" or not set(keys) - set(failed) \
-            or not set(failed) <= set(keys):
-        return
-    instance = context.instance
-    parent_id = context.run.tags.get(PARENT_RUN_TAG)
-    parent = instance.get_run_by_id(parent_id) if parent_id else None
-    if parent is not None and failed_partitions(parent.tags) & set(keys):
-        return  # not cut without its parent's failed partitions: a retry would fail the same way
-    group = instance.get_run_group(context.run_id)
-    runs_in_group = len(group[1]) if group else 1
-    instance.add_run_tags(context.run_id, {
-        FAILED_PARTITIONS_TAG: json.dumps(failed),
-        RETRY_ON_FAILURE_TAG: "true",
-        MAX_RETRIES_TAG: str(runs_in_group + MAX_PARTITIONS_PER_RUN),
-    })
+
+def _failure_line(phase: Phase, key: str, exc: StormlakeError) -> str:
+    """One partition's failure in one line: the phase, the partition, the error (an error that
+    names the partition already is not prefixed with it again)."""
+    text = str(exc)
+    if key in text:
+        return text if text.startswith(phase.name) else f"{phase.name}: {text}"
+    return f"{phase.name} of {key} failed: {text}"
 
 
 def _fail_step(phase: Phase, failures: list[tuple[str, StormlakeError]]) -> Iterator[dg.AssetCheckResult]:
-    """Fail the step with the first error (and the grader's check, when a grader failed)."""
+    """Fail the step naming its failed partitions: the first one's line and how many more
+    (every one's line in the ``failures`` metadata), and the grader's check when a grader failed.
+
+    ``allow_retries=False``: the step's retry policy is for transient errors, and a retry would
+    fail the same partitions the same way.
+    """
     key, exc = failures[0]
-    message = f"{phase.name} of {key} failed: {exc}"
+    message = _failure_line(phase, key, exc)
     if len(failures) > 1:
         message += f" (and {len(failures) - 1} more partitions of this run)"
-    if any(e.__class__.__name__ == "GraderError" for _, e in failures):
+    if any(isinstance(e, GraderError) for _, e in failures):
         yield dg.AssetCheckResult(check_name="grader", passed=False, asset_key=grader_key(phase),
                                   severity=dg.AssetCheckSeverity.ERROR, description=message)
     raise dg.Failure(description=message, allow_retries=False,
                      metadata={"error_class": exc.__class__.__name__,
-                               "failed_partitions": dg.MetadataValue.json([k for k, _ in failures])}) from exc
+                               "failed_partitions": dg.MetadataValue.json([str(k) for k, _ in failures]),
+                               "failures": dg.MetadataValue.json({str(k): _failure_line(phase, k, e)
+                                                                  for k, e in failures})}) from exc
 
 
-def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes: list[Outcome],
+def _range_summary(outcomes: list[Outcome]) -> dict[str, Any]:
+    """What a key range step's materialization of each table says of the step: how many
+    partitions it materialized, how many of them it computed and how many it found done."""
+    return {
+        "partitions": len(outcomes),
+        "completed": sum(o.status == "COMPLETED" for o in outcomes),
+        "skipped": sum(o.status == "SKIPPED" for o in outcomes),
+    }
+
+
+def _log_materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes: list[tuple[str, Outcome]],
+                          lake: Lake) -> None:
+    """The materializations of the partitions that succeeded in a step that is about to fail:
+    one per table and partition, logged explicitly (``context.log_event``), each with the metadata
+    a successful range step gives it and the table's content hash as its data version
+    (:func:`table_version`).
+
+    Dagster records them when they are logged, so the failed run still holds them: the
+    partitions show materialized in the catalog, and their later phases, which the step's
+    failure skips, are continued by the outbox sensor from their checkpoints.
+    """
+    summary = _range_summary([o for _, o in outcomes])
+    version_tag = data_version_tag()
+    for key, outcome in outcomes:
+        phase_meta = outcome_metadata(outcome)
+        for table in phase.tables:
+            context.log_event(dg.AssetMaterialization(
+                asset_key=table, partition=key, metadata={**summary, **table_metadata(outcome, table, lake, phase_meta)},
+                tags={version_tag: table_version(outcome, table)}))
+
+
+def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes: list[tuple[str, Outcome]],
                       lake: Lake) -> Iterator[dg.MaterializeResult]:
     """One materialization per table; for a key range, each partition's metadata on its own."""
     if len(outcomes) == 1:
-        outcome = outcomes[0]
+        _, outcome = outcomes[0]
         phase_meta = outcome_metadata(outcome)
         for table in phase.tables:
             yield dg.MaterializeResult(asset_key=table, metadata=table_metadata(outcome, table, lake, phase_meta),
@@ -410,17 +456,13 @@ def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes:
     # (status, hashes, versions, rows, deliveries). Dagster takes one data version per asset
     # and step, so a range's partitions get Dagster's own (code and input versions); the
     # table's content hash is in the metadata.
-    phase_metas = [outcome_metadata(o) for o in outcomes]
-    keys = context.partition_keys
+    phase_metas = [outcome_metadata(o) for _, o in outcomes]
+    summary = _range_summary([o for _, o in outcomes])
     for table in phase.tables:
-        for key, outcome, phase_meta in zip(keys, outcomes, phase_metas, strict=True):
+        for (key, outcome), phase_meta in zip(outcomes, phase_metas, strict=True):
             context.add_asset_metadata(table_metadata(outcome, table, lake, phase_meta), asset_key=table,
                                        partition_key=key)
-        yield dg.MaterializeResult(asset_key=table, metadata={
-            "partitions": len(outcomes),
-            "completed": sum(o.status == "COMPLETED" for o in outcomes),
-            "skipped": sum(o.status == "SKIPPED" for o in outcomes),
-        })
+        yield dg.MaterializeResult(asset_key=table, metadata=summary)
 
 
 def _grader_result(phase: Phase, outcomes: list[Outcome]) -> dg.AssetCheckResult:

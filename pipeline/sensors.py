@@ -26,16 +26,19 @@
     event id), :meth:`Ledger.events_since`: only events of transactions older than every one still
     running, so an event committed late behind a higher id is read, never skipped), logs progress and
     failures, and continues partitions that stopped between phases: when a partition's latest
-    event is a COMPLETED phase other than present, the run that produced it is over (or unknown
-    to this instance), and the next phase is not already COMPLETED on that result, it requests
+    event is a COMPLETED phase other than present (or a run's SKIPPED one: the phase was done
+    already), the run that produced it is over (or unknown to this instance), whether it
+    succeeded or failed, and the next phase is not already COMPLETED on that result, it requests
     the table assets of the remaining phases (and their graders) for the partition. Partitions
     that stopped after the same phase are requested together in the key ranges of a backfill's
     runs (at most 8 neighbouring regions or consecutive days a run), with the run key
     ``outbox:<event id>`` (one partition) or ``outbox:<event id>,<event id>,…`` (a range, its
     partitions' events in key order); the run coordinator cuts such a range as it cuts a
     backfill's. While the producing run is still in progress the event is kept
-    pending in the cursor and looked at again on the next tick. FAILED events are only reported:
-    retrying is the run-retry policy's job. Each tick records in the ledger (``event_readers``,
+    pending in the cursor and looked at again on the next tick. A range step that failed for some
+    of its partitions fails its run's later steps for all of them; the ones it checkpointed are
+    continued this way (:func:`assets.materialize.materialize_phase`). FAILED events are only
+    reported: retrying is the run-retry policy's job. Each tick records in the ledger (``event_readers``,
     reader ``outbox_sensor``) how far it has read: the position of the cursor the tick started
     from, which Dagster has stored, less any event still pending in it. ``stormlake prune`` never deletes an event after that position, so
     a cursor that was not stored (a tick that died) is read again from events that still exist.
@@ -198,6 +201,7 @@ class Pending:
 
     @classmethod
     def of(cls, ev: Event) -> Pending:
+        """A COMPLETED event carries its state hash; a SKIPPED one does not (its checkpoint's is the head's)."""
         return cls(ev.event_id, ev.partition_key, ev.phase, ev.run_id, (ev.detail or {}).get("state_hash"), ev.txid)
 
 
@@ -300,6 +304,10 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
         if ev.status == "FAILED":
             lines.append(f"FAILED {ev.phase} of {ev.partition_key} (attempt {ev.attempt}, run {ev.run_id}): "
                          f"{(ev.detail or {}).get('error_class', 'error')}; the run retry policy decides on a retry")
+        elif ev.status == "SKIPPED" and ev.run_id and ev.phase in NEXT_PHASE:
+            # A run found the phase done: its own later steps may not have run (a range step that
+            # failed for other partitions skips them). A skip a preflight recorded has no run.
+            candidates[ev.partition_key] = Pending.of(ev)
         elif ev.status == "COMPLETED":
             if ev.phase in NEXT_PHASE:
                 candidates[ev.partition_key] = Pending.of(ev)
@@ -327,8 +335,10 @@ def evaluate_outbox(ledger: Ledger, instance: dg.DagsterInstance, cursor: Outbox
             continue  # the partition moved on (the next phase started, or a skip/failure came after)
         nxt = NEXT_PHASE[p.phase]
         head = heads.get((key, nxt.name))
+        own = heads.get((key, p.phase))
+        state_hash = p.state_hash or (own.state_hash if own is not None else None)
         if (head is not None and head.status == "COMPLETED"
-                and (head.summary or {}).get("upstream", {}).get(p.phase) == p.state_hash):
+                and (head.summary or {}).get("upstream", {}).get(p.phase) == state_hash):
             continue  # the next phase is already done on this result
         if _run_in_progress(instance, p.run_id):
             pending[key] = p  # its own run may still go on to the next phase: look again next tick

@@ -6,6 +6,7 @@ and pick the exit code without a traceback::
     StormlakeError                 base; ``exit_code`` and a one-line ``str()``
     ├── ConfigError                bad settings, region file, CLI usage (exit 2)
     ├── InputFileError             a landing file cannot be read at all (names file, line, field)
+    ├── NotLanded                  a partition of a range run has none of its landing files
     ├── LedgerError                the PostgreSQL ledger
     │   ├── LedgerUnavailable      the server cannot be reached (transient, retried first)
     │   ├── FencingError           this attempt lost its lease; its commit is refused
@@ -57,6 +58,15 @@ class InputFileError(StormlakeError):
         if field:
             where = f"{where} field {field!r}"
         super().__init__(f"{where}: {problem}")
+
+
+class NotLanded(StormlakeError):
+    """A partition of a key range run has none of its landing files while others of the range
+    have theirs: nothing can be computed for it, and nothing is recorded of it."""
+
+    def __init__(self, partition_key: str):
+        self.partition_key = partition_key
+        super().__init__(f"{partition_key} has not landed (no landing files)")
 
 
 class LedgerError(StormlakeError):

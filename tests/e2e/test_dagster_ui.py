@@ -7,8 +7,9 @@ project's PostgreSQL instance.
   shows every partition published.
 - "Materialize all" over every partition: the ones that landed are published, the ranges that
   mix them with partitions without files are cut before they run, and no run fails.
-- A range with a partition whose file is unreadable: that partition fails alone; the range's
-  other partitions are published by the runs Dagster's retry of the range becomes.
+- A range with a partition whose file is unreadable: that partition fails alone. The range's
+  run fails; the other partitions' ingest is materialized in it, and the outbox sensor (running
+  by default) continues them, so they are published without anyone.
 - The same backfill again computes nothing and delivers nothing.
 - Both sensors, turned on through GraphQL ``startSensor``, get a real daemon tick each.
 - The catalog holds one asset per Delta table (ten, grouped by phase, each with its column
@@ -570,48 +571,95 @@ def one_bad_partition(sl_env: dict[str, str]) -> tuple[list[str], str]:
 
 def test_a_bad_partition_of_a_ui_range_fails_alone(one_bad_partition: tuple[list[str], str],
                                                     dagster_dev: Dagster) -> None:
-    """One range run of three partitions; the middle one's ingest fails. Its step names it and
-    asks Dagster for a retry, which stormlake's run coordinator turns into a run for each of the
-    other two (the range without the bad one is not consecutive). The backfill ends with that
-    one partition failed and the others published; the catalog has them materialized."""
+    """One range run of three partitions; the middle one's ingest fails. The step logs the other
+    two's materializations and fails naming the bad one, so the run fails and its later steps
+    are not run. Nobody touches anything: the outbox sensor, running by default, continues the
+    two good partitions from enrich once the run is over (one run each: they are not
+    neighbours), and they are published. The backfill ends failed; the ledger has the bad
+    partition's ingest FAILED; the catalog shows the good ones materialized and the bad one
+    failed, for the phase that failed and for the last one."""
     d = dagster_dev
     keys, bad = one_bad_partition
     assert len(keys) == 3 and bad in keys
+    good = [k for k in keys if k != bad]
     bf = _wait_backfill(d, _launch_backfill(d, keys, "e2e: one bad partition"))
     assert bf["status"] in ("COMPLETED_FAILED", "FAILED"), (bf, d.tail())
-    runs = bf["runs"]
-    failed = [r for r in runs if r["status"] == "FAILURE"]
-    assert len(failed) == 1 and _run_keys(failed[0]) == keys, [(r["status"], _run_keys(r)) for r in runs]
-    assert json.loads(_tag(failed[0], "stormlake/failed_partitions") or "[]") == [bad]
-    good = [k for k in keys if k != bad]
-    rest = [r for r in runs if r["status"] != "FAILURE"]
-    assert all(r["status"] == "SUCCESS" for r in rest), [(r["status"], _run_keys(r)) for r in runs]
-    assert sorted(_run_keys(r) for r in rest) == [[k] for k in good], [_run_keys(r) for r in rest]
-    # The other runs re-execute the failed one from its failed step (ingest) on.
-    assert {_tag(r, "dagster/parent_run_id") for r in rest} == {failed[0]["id"]}
-    _check_warm_workers(runs)
+    (run,) = bf["runs"]  # no retry, no cut: the range's one run
+    assert run["status"] == "FAILURE" and _run_keys(run) == keys, (run["status"], _run_keys(run))
+    assert _tag(run, "stormlake/failed_partitions") is None and _tag(run, "dagster/retry_on_asset_or_op_failure") is None
+    failures = _step_failures(run["id"])
+    assert [(step, meta["failed_partitions"]) for step, _, meta in failures] == [("ingested_batch", [bad])], failures
+    assert failures[0][1].startswith(f"ingest of {bad} failed: "), failures
 
-    status = _status(d.env)
-    tiers = {f"{p['day']}|{p['region']}": p["tier"] for p in status["partitions"]}
-    assert tiers == {**{k: 4 for k in good}, bad: 0}, tiers
+    # The outbox sensor's continuations: one run for each good partition, from enrich.
+    continued = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", len(good))
+    assert sorted(_run_keys(r) for r in continued) == [[k] for k in good], [_run_keys(r) for r in continued]
+    assert all(r["status"] == "SUCCESS" and _tag(r, "stormlake/resume_after") == "ingest" for r in continued), continued
+
+    status = {f"{p['day']}|{p['region']}": p for p in _status(d.env)["partitions"]}
+    assert {k: p["tier"] for k, p in status.items()} == {**dict.fromkeys(good, 4), bad: 0}, status
+    assert all(status[k]["phases"]["ingest"]["attempts"] == 1 for k in good), status  # not run again
     from resources.ledger import get_ledger
 
     (ingest,) = query(get_ledger(os.environ["STORMLAKE_PG_DSN"]),
         "SELECT status, error_message FROM checkpoints WHERE partition_key = %s AND phase = 'ingest'"
         " AND superseded_at IS NULL", (bad,))
     assert ingest["status"] == "FAILED" and "pine_belt/2026-09-01/weather.csv" in ingest["error_message"], ingest
-    from assets.partitions import storm_partitions
+    # What the UI colours each partition by (GraphQL, as the asset's partitions page reads it).
+    want = {**dict.fromkeys(good, "MATERIALIZED"), bad: "FAILED"}
+    assert {asset: _partition_statuses(d, asset, keys) for asset in ("outages_raw", "region_day_summary")} == {
+        "outages_raw": want, "region_day_summary": want}
 
+
+PARTITION_STATS = """
+query Partitions($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      assetPartitionStatuses {
+        __typename
+        ... on MultiPartitionStatuses {
+          primaryDimensionName
+          ranges { primaryDimStartKey primaryDimEndKey
+            secondaryDim { __typename
+              ... on DefaultPartitionStatuses { materializedPartitions failedPartitions materializingPartitions } } }
+        }
+      }
+    }
+  }
+}
+"""
+
+def _partition_statuses(d: Dagster, asset: str, keys: list[str]) -> dict[str, str]:
+    """Each key's status in the asset's partition statuses (GraphQL ``assetPartitionStatuses``):
+    MATERIALIZED, FAILED, MATERIALIZING or MISSING."""
+    node = d.gql(PARTITION_STATS, {"key": {"path": [asset]}})["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    statuses = node["assetPartitionStatuses"]
+    assert statuses["__typename"] == "MultiPartitionStatuses", statuses
+    assert statuses["primaryDimensionName"] == "day", statuses
+    by_key: dict[str, str] = {}
+    for rng in statuses["ranges"]:  # days start..end, each with its regions' statuses
+        for key in keys:
+            day, _, region = key.partition("|")
+            if rng["primaryDimStartKey"] <= day <= rng["primaryDimEndKey"]:
+                for name, label in (("materializedPartitions", "MATERIALIZED"), ("failedPartitions", "FAILED"),
+                                    ("materializingPartitions", "MATERIALIZING")):
+                    if region in rng["secondaryDim"][name]:
+                        by_key[key] = label
+    return {k: by_key.get(k, "MISSING") for k in keys}
+
+
+def _step_failures(run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(step, description, JSON metadata) of each step failure of the run, from Dagster's event log."""
+    out = []
     with dg.DagsterInstance.get() as instance:
-        done = instance.get_materialized_partitions(dg.AssetKey("region_day_summary"))
-        # What the UI colours each partition by: the failed one failed (planned again in the
-        # failed run once the retry was cut, pipeline/range_runs.py), the others materialized,
-        # for the phase that failed and for the last one.
-        shown = {asset: instance.get_status_by_partition(dg.AssetKey(asset), keys, storm_partitions())
-                 for asset in ("outages_raw", "region_day_summary")}
-    assert sorted(done) == good, sorted(done)
-    want = {**dict.fromkeys(good, dg.AssetPartitionStatus.MATERIALIZED), bad: dg.AssetPartitionStatus.FAILED}
-    assert shown == {"outages_raw": want, "region_day_summary": want}, shown
+        for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+            data = rec.dagster_event.step_failure_data.user_failure_data
+            assert data is not None, rec
+            out.append((rec.step_key, data.description,
+                        {k: v.value for k, v in data.metadata.items() if isinstance(v, dg.JsonMetadataValue)}))
+    return out
 
 
 LAUNCH_RUN = """

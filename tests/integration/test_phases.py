@@ -22,6 +22,7 @@ import pytest
 from pandas.testing import assert_frame_equal
 from psycopg import sql
 
+from assets.partitions import PARTITIONS
 from assets.phases import CORRELATE, INGEST, PHASES, TABLE_PHASE, table_keys
 from assets.schemas import SCHEMAS, table_schema
 from pipeline.status import write_json
@@ -723,8 +724,8 @@ def test_a_phase_failing_on_the_same_inputs_is_dead_lettered_until_released(sl_e
 def test_a_range_of_dead_lettered_partitions_is_passed_over(sl_env: dict[str, str], ledger: Ledger) -> None:
     """A key range run (as a UI backfill's) whose partitions are all dead-lettered ends without a
     failure, its grader saying so in one line; one with a healthy partition beside a dead-lettered
-    one fails, after the healthy one's phase completed (the run coordinator keeps such ranges
-    apart, pipeline.range_runs)."""
+    one fails naming the dead-lettered one, after the healthy one's phase completed and its
+    materializations were logged."""
     from pipeline.launcher import dead_lettered  # what the run coordinator keeps apart
     from resources.keys import RANGE_END_TAG as end_tag
     from resources.keys import RANGE_START_TAG as start_tag
@@ -747,10 +748,15 @@ def test_a_range_of_dead_lettered_partitions_is_passed_over(sl_env: dict[str, st
     assert dead_lettered(load_settings(), [*keys, "2026-09-02|pine_belt"]) == {k: "ingest" for k in keys}
 
     mixed = {start_tag: "2026-09-01|pine_belt", end_tag: "2026-09-02|pine_belt"}  # one region's two days
-    result = materialize(None, tags=mixed)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = materialize(None, tags=mixed, instance=instance)
+        logged = instance.get_status_by_partition(dg.AssetKey("outages_raw"), [keys[1], "2026-09-02|pine_belt"],
+                                                  PARTITIONS)
     assert not result.success
     assert "dead-lettered" in failure_descriptions(result)[0]
     assert [cp.status for cp in ledger.heads(["2026-09-02|pine_belt"]) if cp.phase == "ingest"] == ["COMPLETED"]
+    assert logged == {keys[1]: dg.AssetPartitionStatus.FAILED,
+                      "2026-09-02|pine_belt": dg.AssetPartitionStatus.MATERIALIZED}
     ledger.release(keys[0], actor="ops-on-call", reason="fixed upstream")
     assert dead_lettered(load_settings(), keys) == {keys[1]: "ingest"}  # released: no longer kept apart
 

@@ -25,7 +25,7 @@ COMPAT = "resources/dagster_compat.py"
 #: uses outside it go with the run coordinator's cutting and cloning of ranges and the warm launcher.
 EXPECTED: dict[str, set[str]] = {
     "_instance": {"pipeline/launcher.py"},
-    "add_run_tags": {"assets/materialize.py", "pipeline/launcher.py", "pipeline/range_runs.py"},
+    "add_run_tags": {"pipeline/launcher.py", "pipeline/range_runs.py"},
     "create_run": {"resources/dagster_compat.py"},
     "dagster._cli.api._execute_run_command_body": {"resources/dagster_compat.py"},
     "dagster._core.definitions.data_version.DATA_VERSION_TAG": {"resources/dagster_compat.py"},
@@ -49,7 +49,7 @@ EXPECTED: dict[str, set[str]] = {
     "event_log_storage": {"resources/dagster_compat.py"},
     "get_execution_plan_snapshot": {"resources/dagster_compat.py"},
     "get_job_snapshot": {"resources/dagster_compat.py"},
-    "get_run_group": {"assets/materialize.py", "pipeline/range_runs.py"},
+    "get_run_group": {"pipeline/range_runs.py"},
     "get_step_execution_context": {"resources/dagster_compat.py"},
     "optimize_for_webserver": {"resources/dagster_compat.py"},
     "report_dagster_event": {"resources/dagster_compat.py"},
