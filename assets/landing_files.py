@@ -81,11 +81,10 @@ def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[s
         page = instance.fetch_observations(flt, limit=max(PAGE, 2 * len(wanted)), cursor=cursor)
         for record in page.records:
             observation = record.asset_observation
-            key = record.partition_key
-            if observation is None or key not in wanted or key in found:
+            if observation is None or observation.partition not in wanted or observation.partition in found:
                 continue
-            if observation.data_version is not None:
-                found[key] = observation.data_version
+            if DATA_VERSION_TAG in observation.tags:
+                found[observation.partition] = observation.tags[DATA_VERSION_TAG]
         if len(found) == len(wanted) or not page.has_more:
             return found
         cursor = page.cursor

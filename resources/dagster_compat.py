@@ -37,8 +37,8 @@ def data_version_tag() -> str:
     reports them before it submits a backfill (``instance.report_runless_asset_event``), so that
     the runs read the new version when they start. Both take a plain ``dg.AssetObservation``,
     which has no data version parameter; ``dg.ObserveResult`` and ``dg.DataVersionsByPartition``
-    carry one, but only as the return value of an observation function. Reading needs no tag:
-    ``AssetObservation.data_version`` is public.
+    carry one, but only as the return value of an observation function. The latest versions
+    are read back from the observations' tags (``assets.landing_files.latest_versions``).
 
     Upstream: no issue asks for a data version on ``dg.AssetObservation``; the webserver's REST
     endpoint ``/report_asset_observation/`` takes one (``data_version``), and

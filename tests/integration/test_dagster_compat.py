@@ -126,7 +126,7 @@ def test_an_observation_reported_before_a_run_is_the_version_its_step_reads(inst
     for partition, version in (("a", "a-1"), ("b", "b-1")):
         reported = instance.fetch_observations(
             dg.AssetRecordsFilter(asset_key=source, asset_partitions=[partition]), limit=2).records[-1]
-        assert reported.asset_observation.data_version == version, _fail(  # read back without the tag
+        assert reported.asset_observation.data_version == version, _fail(  # Dagster reads it from the tag
             f"an observation reported with the tag has data version {reported.asset_observation.data_version}",
             "data_version_tag")
         latest = instance.fetch_observations(
