@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext
 
 from assets.checks import Check
 from assets.context import PhaseContext, PhaseOutput
-from assets.landing_files import landing_files, observe_for_ingest
+from assets.landing_files import landing_files
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
 from assets.transforms.ingest import ingest_partition
@@ -55,8 +55,5 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""
-    # The observation of the files about to be read comes first, so this materialization is not
-    # stale against it (assets/landing_files.py).
-    observe_for_ingest(context, landing)
     yield from materialize_phase(context, INGEST, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

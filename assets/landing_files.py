@@ -9,11 +9,16 @@ materialization of those tables, the storage id of the latest observation of ``l
 later observation of that partition with another data version shows that partition of ingest's
 tables stale.
 
-Who observes: the landing sensor (partitions whose files changed), the ``observe_landing`` job and
-schedule, the UI's "Observe sources", and the ingest step itself. The ingest step makes sure the
-partition's latest observation carries the fingerprint of the files it is about to read, and
-then has Dagster read the latest observation again, so that a freshly materialized ingest is
-not stale (see :func:`observe_for_ingest`).
+Who observes, always before the runs that read the files: the landing sensor (the partitions
+whose files changed, in the tick that requests their runs: the daemon stores a tick's
+observations before it submits its runs), the CLI before it submits a backfill
+(:func:`observe`), the ``observe_landing`` job and schedule, and the UI's "Observe sources".
+Dagster reads an input's latest observation when a step starts, and the materialization points
+at it; so a run started after the observation of its files is fresh. Ingest does not observe:
+an observation logged inside the step comes after that read, and would show the partition stale
+at once. A run started before its files were observed (``dg launch`` or the UI right after a
+file changed) shows stale once they are, though it read them: run it again (the phases skip
+in the ledger) and it is fresh.
 
 Observations are only recorded for partitions whose fingerprint differs from their latest
 observation: an equal one changes nothing in the stale view and would only add events.
@@ -34,8 +39,7 @@ from resources.landing import Landing
 LANDING_FILES = "landing_files"
 LANDING_KEY = dg.AssetKey(LANDING_FILES)
 LANDING_GROUP = "landing"
-# The tag an observation's data version is stored under (Dagster's own; not exported). Dagster
-# indexes it, so the latest version of many partitions is one query.
+# The tag an observation's data version is stored under (Dagster's own; not exported).
 DATA_VERSION_TAG = dagster_compat.data_version_tag()
 
 
@@ -54,9 +58,36 @@ def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
     return with_files
 
 
+#: Observations read per query by :func:`latest_versions`, at least.
+PAGE = 200
+
+
 def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[str, str]:
-    """Partition key -> data version of its latest observation of ``landing_files`` (one query)."""
-    return dagster_compat.latest_observation_versions(instance, LANDING_KEY, keys)
+    """Partition key -> data version of its latest observation of ``landing_files``.
+
+    Dagster returns the observations of the asked partitions newest first, so the first one seen
+    of a partition is its latest; pages are read until every asked partition has its version or
+    none is left. A partition's observations are one per content change, and the callers ask
+    only for the partitions whose files changed or wait, so one page is the usual cost.
+    Partitions never observed (or observed without a data version) are left out.
+    """
+    wanted = {str(k) for k in keys}
+    found: dict[str, str] = {}
+    if not wanted:
+        return found
+    flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=sorted(wanted))
+    cursor = None
+    while True:
+        page = instance.fetch_observations(flt, limit=max(PAGE, 2 * len(wanted)), cursor=cursor)
+        for record in page.records:
+            observation = record.asset_observation
+            if observation is None or observation.partition not in wanted or observation.partition in found:
+                continue
+            if DATA_VERSION_TAG in observation.tags:
+                found[observation.partition] = observation.tags[DATA_VERSION_TAG]
+        if len(found) == len(wanted) or not page.has_more:
+            return found
+        cursor = page.cursor
 
 
 def changed_versions(instance: dg.DagsterInstance, landing: Landing, keys: Iterable[str]) -> dict[str, str]:
@@ -86,7 +117,8 @@ with warnings.catch_warnings():
         group_name=LANDING_GROUP,
         description="The landing files each (day, region) batch's ingest reads (its outages.csv and weather.csv "
                     "and the reference files). Data version: a fingerprint of their content digests. Observed by "
-                    "the landing sensor, the observe_landing job/schedule, 'Observe sources' and the ingest step.",
+                    "the landing sensor and the CLI before the runs that read them, the observe_landing job/schedule and "
+                    "'Observe sources'.",
     )
     def landing_files(context: dg.OpExecutionContext, landing: LandingResource) -> dg.DataVersionsByPartition:
         """Every partition with landing files whose fingerprint changed since its latest observation."""
@@ -100,22 +132,17 @@ with warnings.catch_warnings():
             return dg.DataVersionsByPartition(changed)
 
 
-def observe_for_ingest(context: dg.AssetExecutionContext, landing: LandingResource) -> dict[str, str]:
-    """Before ingest reads its files: record their fingerprint where the latest observation differs.
+def observe(instance: dg.DagsterInstance, zone: Landing, keys: Iterable[str]) -> dict[str, str]:
+    """Observe the landing files of ``keys`` before runs that read them are submitted.
 
-    Dagster reads the latest observation of ``landing_files`` (its storage id is what later
-    observations are compared against) once, when the step starts, before this body runs. An
-    observation logged here is stored at once but would not be seen by that read: the
-    materialization would point before it, and the observation would then count as a change. So
-    the step reads it again right after (:func:`resources.dagster_compat.refresh_input_version`:
-    Dagster has no public way to), when it logged any.
-    Handles every partition of the step (a range run has several).
-    Returns the versions logged, by partition key.
+    Records an observation of ``landing_files`` (``instance.report_runless_asset_event``) for
+    each of ``keys`` whose files' fingerprint differs from its latest observation, so that
+    ingest, when its step starts, reads the version of the files it is about to read. For the
+    CLI's submission path (the landing sensor does the same through its ``SensorResult``). A
+    missing file counts in the fingerprint as missing, as in the sensor's observations of
+    partitions that wait. Returns the versions recorded, by partition key.
     """
-    zone = landing.get()
-    changed = changed_versions(context.instance, zone, context.partition_keys)
-    if changed:  # what Dagster read when the step started is still the latest otherwise
-        for observation in observations(changed):
-            context.log_event(observation)
-        dagster_compat.refresh_input_version(context, LANDING_KEY)
+    changed = changed_versions(instance, zone, keys)
+    for observation in observations(changed):
+        instance.report_runless_asset_event(observation)
     return changed

@@ -117,7 +117,6 @@ def asset_options(phase: Phase, *, deps: list[Any] | None = None, kinds: set[str
         backfill_policy=BACKFILL_POLICY,
         retry_policy=TRANSIENT_RETRY,
         check_specs=[grader_spec(phase)],
-        pool=phase.pool,
     )
 
 

@@ -28,11 +28,6 @@ class Phase:
     input_tables: tuple[str, ...]  # tables of those phases it reads (the only ones its context lets it read)
     tables: tuple[str, ...]  # tables this phase writes, one Dagster asset each
 
-    @property
-    def pool(self) -> str:
-        """The Dagster concurrency pool of its op: one a phase, the writer of its Delta tables."""
-        return f"stormlake_{self.name}"
-
 
 INGEST = Phase(
     name="ingest", asset="ingested_batch", tier=1, tier_label="ingested", schema_version=1, code_version="1",

@@ -12,8 +12,10 @@ Run, event-log and schedule storage live on the same PostgreSQL server as the le
   into the ledger's database (``runs``, ``event_logs``, ``jobs``, ... do not collide with the
   ledger's tables).
 
+A database of Dagster's own appears whole or not at all (:func:`ensure_dagster_storage`).
+
 Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``STORMLAKE_WORKERS`` of them
-from backfills: the same number of processes a CLI backfill runs at once), every phase writes through a concurrency pool of its own, and runs whose
+from backfills: the same number of processes a CLI backfill runs at once), and runs whose
 worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
 not retried by the daemon (transient step errors already have the assets' retry policy, and a
 failed grader or bad input would only fail again), except a key range run whose phase failed
@@ -30,16 +32,21 @@ values are defaults: a variable set in the shell wins.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
-from resources import dagster_compat
+from resources.errors import LedgerUnavailable
 from resources.files import write_atomic
-from resources.logins import resolve_logins
-from resources.pgserver import hold_advisory_lock
+from resources.logins import Logins, resolve_logins
+from resources.pgserver import hold_advisory_lock, with_database
 from resources.settings import Settings
 
 MAX_CONCURRENT_RUNS = 4
@@ -51,7 +58,10 @@ POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DOTENV_MARK = "# written by stormlake"
-_POOLS_LOCK = 7_406_002  # advisory lock id serialising the creation of the pool rows
+_STORAGE_LOCK = 7_406_002  # advisory lock id serialising the making of Dagster's storage database
+#: How long a new storage database may stay in use after its instance closed before its rename
+#: gives up (the server ends a closed connection's session at once; this is a generous bound).
+RENAME_DEADLINE_S = 60
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -152,7 +162,7 @@ def prepare_dagster_home(settings: Settings) -> tuple[Path, str]:
         write_atomic(target, text)
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ.setdefault(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))
-    ensure_pools(dagster_dsn)
+    ensure_dagster_storage(dagster_dsn, storage_maker(settings, logins))
     if settings.home.resolve() == (PROJECT_ROOT / ".stormlake").resolve() and is_dg_project(PROJECT_ROOT):
         write_dotenv(PROJECT_ROOT, settings)
     return home, ledger_dsn
@@ -207,57 +217,124 @@ def write_dotenv(folder: Path, settings: Settings) -> Path:
     return target
 
 
-def pool_keys() -> list[str]:
-    """The concurrency pools of the phase assets (``pool=`` on each asset)."""
-    from assets.phases import PHASES
+def storage_maker(settings: Settings, logins: Logins) -> str | None:
+    """The login that makes Dagster's storage database, or None when stormlake makes none.
 
-    return [p.pool for p in PHASES]
-
-
-def ensure_pools(dagster_dsn: str) -> None:
-    """Create the phase pools' limit rows once, before any run needs them.
-
-    Dagster creates a pool's row lazily when the first step of that pool claims a slot. On
-    PostgreSQL two runs doing that at once race: the loser's INSERT hits the unique key, which
-    aborts its transaction, and the run dies with ``InFailedSqlTransaction`` (a backfill's
-    first runs all start together; see dagster-io/dagster#33557). Creating the rows here, one
-    process and one key at a time, leaves no race. Cheap when done: one SELECT.
-
-    Before the first instance is made on a database, Dagster's tables are created (or a
-    half-made set completed) in one transaction by :func:`complete_dagster_storage`.
+    The embedded server's superuser (the database is then owned by Dagster's login); with
+    ``STORMLAKE_PG_DSN`` (and no ``STORMLAKE_DAGSTER_DSN``), the ledger's login that Dagster's
+    storage is named after and connects as (:func:`resources.pgserver.resolve_dsns`). None with
+    ``STORMLAKE_DAGSTER_DSN``: that database is given.
     """
-    keys = pool_keys()
+    if logins.embedded:
+        from resources.pgserver import server_dsn
+
+        return server_dsn(settings.pgdata, "postgres")
+    if settings.dagster_dsn:
+        return None
+    return logins.owner or logins.pipeline
+
+
+def _dbname(dsn: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(info.get("dbname") or info.get("user") or "postgres")
+
+
+def ensure_dagster_storage(dagster_dsn: str, maker_dsn: str | None) -> bool:
+    """Make Dagster's storage database in one step unless it is there; whether it made it.
+
+    dagster-postgres creates its tables when an instance first connects, on an autocommit
+    connection, one statement at a time, and only when its main tables are missing: a process
+    killed midway leaves a half-made storage (``relation "asset_keys" does not exist``) that
+    Dagster never completes. So the database is made under another name, ``<name>_new``:
+    Dagster makes its whole storage there (:func:`make_storage`), and ``ALTER DATABASE ...
+    RENAME`` gives it its name, which is atomic. Whoever finds ``<name>`` finds it whole. A
+    ``<name>_new`` left by a killed attempt is dropped and made again. One process at a time
+    (an advisory lock in ``maker_dsn``'s database); when the database is there, one query.
+
+    ``maker_dsn``: a login that may create databases (:func:`storage_maker`). When it is None
+    or names ``dagster_dsn``'s own database (Dagster's tables in the ledger's database), or
+    the database exists already (made by an earlier version, or by hand), nothing is made here:
+    Dagster creates its tables itself, with the limit above (docs/OPERATIONS.md). When Dagster's
+    login is another than the maker's (the embedded server's), the new database is owned by it
+    and closed to PUBLIC.
+    """
+    name = _dbname(dagster_dsn)
+    if maker_dsn is None or _dbname(maker_dsn) == name:
+        return False
+    new = name[:59] + "_new"  # PostgreSQL cuts names at 63 bytes
     try:
-        conn = psycopg.connect(dagster_dsn, autocommit=True, connect_timeout=5)
+        conn = psycopg.connect(maker_dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError:
-        return  # unreachable: the command that needs the instance reports it
-    with conn:
-        # One process at a time: the others wait here, then find the rows made.
-        hold_advisory_lock(conn, _POOLS_LOCK)
-        have = dagster_compat.pool_keys_with_limits(conn, keys)  # none on a fresh instance
-        missing = [k for k in keys if k not in have]
-        if not missing:
-            return
-        import dagster as dg
+        return False  # unreachable: the command that needs the instance reports it
+    exists = "SELECT 1 FROM pg_database WHERE datname = %s"
+    try:
+        with conn:
+            if conn.execute(exists, (name,)).fetchone():
+                return False
+            hold_advisory_lock(conn, _STORAGE_LOCK)  # the others wait here, then find it made
+            if conn.execute(exists, (name,)).fetchone():
+                return False
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(new)))
+            user = psycopg.conninfo.conninfo_to_dict(dagster_dsn).get("user")
+            maker = conn.execute("SELECT current_user").fetchone()[0]
+            owner = str(user) if user and user != maker else None
+            conn.execute(sql.SQL("CREATE DATABASE {}{}").format(
+                sql.Identifier(new), sql.SQL(" OWNER {}").format(sql.Identifier(owner)) if owner else sql.SQL("")))
+            if owner:
+                conn.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(sql.Identifier(new)))
+            make_storage(with_database(dagster_dsn, new))
+            _rename_database(conn, new, name)
+    except psycopg.Error as exc:
+        raise LedgerUnavailable(f"could not make Dagster's storage database {name}: {exc.__class__.__name__}:"
+                                f" {' '.join(str(exc).split())[:240]}") from exc
+    return True
 
-        complete_dagster_storage(dagster_dsn)
-        with dg.DagsterInstance.get() as instance:
-            # What Dagster does after creating its tables: mark its data migrations done (nothing
-            # to migrate in empty tables). Each one already marked is skipped.
-            dagster_compat.mark_new_storage_migrated(instance)
-            for key in missing:
-                dagster_compat.init_pool_limit(instance, key)
 
+def make_storage(dagster_dsn: str) -> None:
+    """Have Dagster make its run, event-log and schedule storage in ``dagster_dsn``'s database.
 
-def complete_dagster_storage(dagster_dsn: str) -> list[str]:
-    """Create whatever of Dagster's tables and indexes is missing, all in one transaction.
-
-    A process killed while dagster-postgres creates its tables (one autocommit statement at a
-    time) leaves a half-made storage that Dagster never completes; here the creation is one
-    PostgreSQL transaction, whole or not at all, and a half-made storage is completed (see
-    :func:`resources.dagster_compat.complete_storage`). Nothing is ever dropped.
-
-    Called under the advisory lock of :func:`ensure_pools`. Returns the tables and indexes
-    it created.
+    An instance made on it does (dagster-postgres creates its tables, stamps their alembic
+    revision and marks its data migrations done when it first connects): ``DagsterInstance.get``
+    on a ``dagster.yaml`` in a temporary ``DAGSTER_HOME`` that names this database. A URL with
+    a password reaches that file through an environment variable, not in its text.
     """
-    return dagster_compat.complete_storage(sqlalchemy_url(dagster_dsn))
+    import dagster as dg
+
+    url = sqlalchemy_url(dagster_dsn)
+    secret = bool(psycopg.conninfo.conninfo_to_dict(dagster_dsn).get("password"))
+    variable = "STORMLAKE_NEW_DAGSTER_PG_URL"
+    literal = f"\n      env: {variable}" if secret else f'"{url}"'
+    with tempfile.TemporaryDirectory(prefix="stormlake-dagster-") as home:
+        Path(home, "dagster.yaml").write_text(
+            f"storage:\n  postgres:\n    postgres_url: {literal}\ntelemetry:\n  enabled: false\n")
+        with _environ({"DAGSTER_HOME": home, **({variable: url} if secret else {})}), dg.DagsterInstance.get():
+            pass
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set, restored afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _rename_database(conn: psycopg.Connection, old: str, new: str) -> None:
+    """``ALTER DATABASE old RENAME TO new``, waiting (up to :data:`RENAME_DEADLINE_S`) while the
+    sessions of the instance that made it end."""
+    deadline = time.monotonic() + RENAME_DEADLINE_S
+    while True:
+        try:
+            conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(old), sql.Identifier(new)))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

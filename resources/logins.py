@@ -22,7 +22,8 @@ role=…``. That holds an honest client only; give each part its own login to ho
 With none set, the embedded server is used, and its first start makes the logins itself:
 ``stormlake_owner`` (owns the ledger's database, may create roles), ``stormlake_pipeline``
 (member of resume_worker), ``stormlake_operator`` (member of admin and of the other reader roles,
-to narrow down with ``--role``) and ``stormlake_dagster`` (owns Dagster's database); their
+to narrow down with ``--role``) and ``stormlake_dagster`` (owns Dagster's database, which
+:func:`pipeline.instance.ensure_dagster_storage` makes whole on first use); their
 passwords are in ``$STORMLAKE_HOME/secrets`` (0600 files in a 0700 folder).
 """
 
@@ -188,10 +189,14 @@ def _set_up(pgdata: Path, admin: str) -> None:
                 sql.SQL(", ").join(map(sql.Identifier, GROUP_ROLES)), sql.Identifier(OWNER)))
             _role(conn, DAGSTER, password=passwords[DAGSTER])
             _database(conn, LEDGER_DB, OWNER)
-            _database(conn, DAGSTER_DB, DAGSTER)
-            for db in (DAGSTER_DB, "postgres"):
+            # Dagster's database is made whole, later, by pipeline.instance.ensure_dagster_storage;
+            # one made by an earlier version is handed to its login here.
+            dagster_db = _exists(conn, DAGSTER_DB)
+            if dagster_db:
+                _database(conn, DAGSTER_DB, DAGSTER)
+            for db in (DAGSTER_DB, "postgres") if dagster_db else ("postgres",):
                 conn.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
-        for db, owner in ((LEDGER_DB, OWNER), (DAGSTER_DB, DAGSTER)):
+        for db, owner in ((LEDGER_DB, OWNER), (DAGSTER_DB, DAGSTER)) if dagster_db else ((LEDGER_DB, OWNER),):
             _hand_over(server_dsn(pgdata, db), owner)
         owner_ledger = Ledger(server_dsn(pgdata, LEDGER_DB, user=OWNER), role=None)
         try:
@@ -217,6 +222,10 @@ def _role(conn: psycopg.Connection, name: str, *, login: bool = True, password: 
             sql.Identifier(name), sql.SQL("CREATEROLE" if createrole else "NOCREATEROLE"), sql.Literal(password)))
     for group in member_of:
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name)))
+
+
+def _exists(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
 
 
 def _database(conn: psycopg.Connection, name: str, owner: str) -> None:

@@ -527,18 +527,16 @@ def stop_embedded(pgdata: Path) -> bool:
     return True
 
 
-def ensure_database(admin_dsn: str, name: str) -> None:
-    """Create database ``name`` on the server of ``admin_dsn`` unless it exists."""
+def may_hold_database(dsn: str, name: str) -> bool:
+    """Whether database ``name`` exists on ``dsn``'s server, or ``dsn``'s login may create it."""
     try:
-        with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-            if not exists:
-                try:
-                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-                except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
-                    pass  # another process created it first
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = %s)"
+                               " OR (SELECT rolcreatedb OR rolsuper FROM pg_roles WHERE rolname = current_user)",
+                               (name,)).fetchone()
     except psycopg.OperationalError as exc:
         raise LedgerUnavailable(f"ledger server unreachable: {exc.__class__.__name__}") from exc
+    return bool(row and row[0])
 
 
 def hold_advisory_lock(conn: psycopg.Connection, key: int) -> None:
@@ -591,10 +589,12 @@ def resolve_dsns(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
     With ``pg_dsn`` set, the ledger uses it as given and Dagster's storage gets a database of
     its own named after the ledger's (``<ledger db>_dagster``), so one DSN is one whole
     stormlake deployment and two deployments on one server never share runs or sensor
-    cursors; without the right to create it, Dagster's tables go into the ledger's database
-    (their names do not collide). Without ``pg_dsn``, the embedded server is started and the
-    databases ``stormlake`` and ``dagster`` are created on it: the DSNs are then the pipeline's
-    login's and Dagster's (:func:`resources.logins.embedded_logins`).
+    cursors; without the right to create it (and when it does not exist), Dagster's tables go
+    into the ledger's database (their names do not collide). Without ``pg_dsn``, the embedded
+    server is started and the database ``stormlake`` is created on it: the DSNs are then the
+    pipeline's login's and Dagster's, on ``dagster`` (:func:`resources.logins.embedded_logins`).
+    Nothing here makes Dagster's database: :func:`pipeline.instance.ensure_dagster_storage`
+    makes it whole, before the first instance on it.
     """
     return Deployment.dsns(pg_dsn, pgdata)
 
@@ -607,10 +607,11 @@ def _resolve(pg_dsn: str | None, pgdata: Path) -> tuple[str, str]:
             raise ConfigError("STORMLAKE_PG_DSN is not a valid PostgreSQL connection string") from exc
         own = f"{info.get('dbname') or info.get('user') or 'postgres'}_dagster"
         try:
-            ensure_database(pg_dsn, own)
-            return pg_dsn, with_database(pg_dsn, own)
+            if may_hold_database(pg_dsn, own):
+                return pg_dsn, with_database(pg_dsn, own)
         except (LedgerUnavailable, psycopg.Error):
-            return pg_dsn, pg_dsn
+            pass
+        return pg_dsn, pg_dsn
     from resources.logins import embedded_logins
 
     logins = embedded_logins(pgdata)

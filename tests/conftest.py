@@ -56,7 +56,7 @@ def pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
 
     Ledger.close_shared(lambda dsn: dsn.endswith(name) or f"dbname={name}" in dsn)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        for db in (name, f"{name}_dagster"):  # the ledger's, and Dagster's storage next to it
+        for db in (name, f"{name}_dagster", f"{name}_dagster_new"):  # the ledger's, Dagster's storage next to it
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
@@ -98,20 +98,30 @@ def sl_env(tmp_path: Path, pg_dsn: str, sample_landing: Path, monkeypatch: pytes
 
 
 @pytest.fixture
-def dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh database for Dagster's storage, with a DAGSTER_HOME whose dagster.yaml points at it."""
+def new_dagster_db(pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The DSN of a database for Dagster's storage, not made yet, with a DAGSTER_HOME whose
+    dagster.yaml points at it; dropped afterwards, with its ``_new`` (``ensure_dagster_storage``)."""
     from pipeline.instance import dagster_yaml, sqlalchemy_url
-    from resources.pgserver import create_database, drop_database
+    from resources.pgserver import drop_database
 
     name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
-    create_database(pg_admin_dsn, name)
     dsn = with_database(pg_admin_dsn, name)
     home = tmp_path / "dagster"
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     yield dsn
-    drop_database(pg_admin_dsn, name)
+    for db in (name, f"{name}_new"):
+        drop_database(pg_admin_dsn, db)
+
+
+@pytest.fixture
+def dagster_db(new_dagster_db: str, pg_admin_dsn: str) -> str:
+    """A database with Dagster's storage made whole, with a DAGSTER_HOME whose dagster.yaml points at it."""
+    from pipeline.instance import ensure_dagster_storage
+
+    ensure_dagster_storage(new_dagster_db, pg_admin_dsn)
+    return new_dagster_db
 
 
 @pytest.fixture(scope="session")

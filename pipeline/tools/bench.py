@@ -155,7 +155,8 @@ class Databases:
         self.names: list[str] = []
 
     def create(self) -> tuple[str, str]:
-        """Create a ledger and a Dagster-storage database; return their DSNs (ledger migrated)."""
+        """Create a ledger database (migrated); return its DSN and that of Dagster's storage next to
+        it, which the deployment's first command makes (``pipeline.instance.ensure_dagster_storage``)."""
         import psycopg
 
         from resources.errors import ConfigError
@@ -164,15 +165,13 @@ class Databases:
 
         self.count += 1
         ledger_db = f"{self.prefix}_{self.count}"
-        dsns = []
-        for name in (ledger_db, f"{ledger_db}_dagster"):
-            try:
-                create_database(self.admin, name)
-            except psycopg.Error as exc:
-                raise ConfigError(f"bench: cannot create the scratch database {name} on the ledger's server "
-                                  f"({exc.__class__.__name__}); the bench needs the CREATEDB right") from exc
-            self.names.append(name)
-            dsns.append(with_database(self.admin, name))
+        try:
+            create_database(self.admin, ledger_db)
+        except psycopg.Error as exc:
+            raise ConfigError(f"bench: cannot create the scratch database {ledger_db} on the ledger's server "
+                              f"({exc.__class__.__name__}); the bench needs the CREATEDB right") from exc
+        self.names += [ledger_db, f"{ledger_db}_dagster", f"{ledger_db}_dagster_new"]
+        dsns = [with_database(self.admin, ledger_db), with_database(self.admin, f"{ledger_db}_dagster")]
         led = Ledger(dsns[0])
         try:
             led.migrate()

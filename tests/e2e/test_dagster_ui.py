@@ -302,8 +302,8 @@ def test_backfill_rerun_sensor_tick_and_asset_graph(dagster_dev: Dagster) -> Non
     runs = first["runs"]
     # Backfill policy multi_run(max_partitions_per_run=8): Dagster cuts the selection by day, so
     # one run for each day's two regions, all four phases each; no run failed and was retried
-    # (the first runs of a fresh instance used to race to create the pools' rows; see
-    # pipeline.instance.ensure_pools).
+    # (the phases have no concurrency pools, whose rows the first runs of a fresh instance raced
+    # to create).
     assert [_tag(r, "dagster/retry_number") for r in runs] == [None] * len(runs), runs
     assert len(runs) == 2, runs
     assert all(r["status"] == "SUCCESS" for r in runs), runs

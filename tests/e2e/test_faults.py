@@ -111,7 +111,7 @@ def fault_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def template_dsn(pg_admin_dsn: str, fault_landing: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[str]:
-    """A ledger database migrated and its Dagster storage database made (with the phases' pools),
+    """A ledger database migrated and its Dagster storage database made,
     by the code a first run uses, once a module: the template of :func:`fresh_dsn`."""
     with database(pg_admin_dsn, "stormlake_tpl") as dsn:
         env = make_home(tmp_path_factory.mktemp("template"), fault_landing, dsn)

@@ -8,17 +8,13 @@ column, tag, behaviour) that moved, and the compat function that needs a new rou
 from __future__ import annotations
 
 import inspect
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import psycopg
 import pytest
-from psycopg import sql
 
 from resources import dagster_compat as compat
-from resources.pgserver import with_database
 from tests.dagster_jobs import one_asset_job
 
 VERSION = dg.__version__
@@ -33,14 +29,6 @@ def _fail(what: str, relied_on_by: str) -> str:
 PRIVATE = [
     ("dagster._core.definitions.data_version", "DATA_VERSION_TAG", None, "data_version_tag"),
     ("dagster._core.execution.plan.utils", "RetryRequestedFromPolicy", None, "step_error_wrappers"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.get_latest_tags_by_partition",
-     ("asset_key", "event_type", "tag_keys", "asset_partitions"), "latest_observation_versions"),
-    ("dagster._core.execution.context.asset_execution_context", "AssetExecutionContext.get_step_execution_context",
-     (), "refresh_input_version"),
-    ("dagster._core.execution.context.system", "StepExecutionContext.wipe_input_asset_version_info", ("key",),
-     "refresh_input_version"),
-    ("dagster._core.execution.context.system", "StepExecutionContext.maybe_fetch_and_get_input_asset_version_info",
-     ("key",), "refresh_input_version"),
     ("dagster._core.instance.instance", "DagsterInstance.report_run_failed", ("dagster_run", "message"),
      "fail_dead_run"),
     ("dagster._core.storage.event_log.base", "EventLogStorage.free_concurrency_slots_for_run", ("run_id",),
@@ -50,19 +38,6 @@ PRIVATE = [
     ("dagster._core.events", "AssetMaterializationPlannedData", None, "replan_in_failed_run"),
     ("dagster._core.instance.instance", "DagsterInstance.optimize_for_webserver",
      ("statement_timeout", "pool_recycle", "max_overflow"), "pool_storage_connections"),
-    ("dagster._core.storage.event_log.schema", "SqlEventLogStorageMetadata", None, "storage_tables"),
-    ("dagster._core.storage.runs.schema", "RunStorageSqlMetadata", None, "storage_tables"),
-    ("dagster._core.storage.schedules.schema", "ScheduleStorageSqlMetadata", None, "storage_tables"),
-    ("dagster._core.storage.sql", "stamp_alembic_rev", ("alembic_config", "conn"), "complete_storage"),
-    ("dagster_postgres.utils", "pg_alembic_config", None, "complete_storage"),
-    ("dagster._core.storage.runs.base", "RunStorage.migrate", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.runs.base", "RunStorage.optimize", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.reindex_events", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.reindex_assets", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.schedules.base", "ScheduleStorage.migrate", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.schedules.base", "ScheduleStorage.optimize", (), "mark_new_storage_migrated"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.initialize_concurrency_limit_to_default",
-     ("concurrency_key",), "init_pool_limit"),
     ("dagster._core.instance.instance", "DagsterInstance.create_run",
      ("job_name", "run_id", "run_config", "status", "tags", "root_run_id", "parent_run_id", "step_keys_to_execute",
       "execution_plan_snapshot", "job_snapshot", "parent_job_snapshot", "asset_selection", "asset_check_selection",
@@ -93,10 +68,7 @@ def test_the_private_symbols_are_still_there(module: str, path: str, params: tup
 @pytest.fixture
 def instance(dagster_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
     """An instance on a fresh database, as ``stormlake`` writes it (``dagster.yaml`` on PostgreSQL)."""
-    from pipeline.instance import ensure_pools
-
     monkeypatch.setenv("STORMLAKE_TEST_DAGSTER_DSN", dagster_db)
-    ensure_pools(dagster_db)
     with dg.DagsterInstance.get() as inst:
         yield inst
 
@@ -127,66 +99,58 @@ def test_the_data_version_tag_is_the_one_dagster_reads() -> None:
                                            "data_version_tag")
 
 
-def test_latest_observation_versions_reads_the_latest_per_partition(instance: dg.DagsterInstance) -> None:
-    key = dg.AssetKey("source")
+def test_an_observation_reported_before_a_run_is_the_version_its_step_reads(instance: dg.DagsterInstance) -> None:
+    """What the landing sensor and the CLI rely on: an observation reported with the tag, outside
+    any run, is the input version a later step of a partitioned reader records (its provenance),
+    and a step's own observation of its input comes after that read."""
     tag = compat.data_version_tag()
-    for partition, version in [("a", "1"), ("b", "1"), ("a", "2")]:
-        instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, partition=partition,
-                                                                tags={tag: version}))
-    instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, partition="c"))  # no version
-    got = compat.latest_observation_versions(instance, key, ["a", "b", "c", "never"])
-    assert got == {"a": "2", "b": "1"}, _fail(f"the latest observed versions read {got}",
-                                              "latest_observation_versions")
-    assert compat.latest_observation_versions(instance, key, []) == {}
-
-
-def _provenance_pointer(instance: dg.DagsterInstance, asset: str, source: dg.AssetKey) -> int | None:
-    mat = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0]
-    provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
-    return provenance.input_storage_ids.get(source) if provenance else None
-
-
-def test_refresh_input_version_points_the_materialization_at_the_step_s_own_observation(
-        instance: dg.DagsterInstance) -> None:
+    parts = dg.StaticPartitionsDefinition(["a", "b"])
     source = dg.AssetKey("files")
-    tag = compat.data_version_tag()
 
-    @dg.observable_source_asset(name="files")
-    def files() -> dg.DataVersion:
-        return dg.DataVersion("old")
+    @dg.observable_source_asset(name="files", partitions_def=parts)
+    def files() -> dg.DataVersionsByPartition:  # never run: the versions are reported
+        return dg.DataVersionsByPartition({})
 
-    def reader(refresh: bool):  # an asset that observes its own input first, as ingest does
-        @dg.asset(name=f"reader_{'refreshed' if refresh else 'plain'}", deps=[files])
-        def _reader(context) -> dg.MaterializeResult:  # (a string annotation would not resolve here)
-            context.log_event(dg.AssetObservation(asset_key=source, tags={tag: f"new-{refresh}"}))
-            if refresh:
-                compat.refresh_input_version(context, source)
-            return dg.MaterializeResult()
+    @dg.asset(partitions_def=parts, deps=[files])
+    def reader(context) -> dg.MaterializeResult:  # noqa: ANN001 - Dagster reads the annotation
+        if context.partition_key == "b":  # observing its own input, as ingest once did
+            context.log_event(dg.AssetObservation(asset_key=source, partition="b", tags={tag: "b-2"}))
+        return dg.MaterializeResult()
 
-        return _reader
-
-    instance.report_runless_asset_event(dg.AssetObservation(asset_key=source, tags={tag: "old"}))
-    for refresh in (True, False):
-        asset = reader(refresh)
-        result = dg.materialize([files, asset], selection=[asset.key], instance=instance)
-        assert result.success
-        latest = instance.fetch_observations(source, limit=1).records[0].storage_id
-        pointer = _provenance_pointer(instance, asset.key.to_user_string(), source)
-        if refresh:
-            assert pointer == latest, _fail(
-                f"after refresh_input_version the materialization points at {pointer}, not at the step's own "
-                f"observation {latest}", "refresh_input_version")
-        else:
-            assert pointer is not None and pointer < latest, (
-                f"Dagster {VERSION} now reads an input's latest observation after the step logged one "
-                f"(pointer {pointer}, latest {latest}): resources/dagster_compat.py:refresh_input_version may "
-                f"not be needed any more")
+    for partition in ("a", "b"):
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=source, partition=partition,
+                                                                tags={tag: f"{partition}-1"}))
+    for partition in ("a", "b"):
+        assert dg.materialize([files, reader], selection=[reader.key], partition_key=partition,
+                              instance=instance).success
+    for partition, version in (("a", "a-1"), ("b", "b-1")):
+        reported = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=source, asset_partitions=[partition]), limit=2).records[-1]
+        assert reported.asset_observation.data_version == version, _fail(  # Dagster reads it from the tag
+            f"an observation reported with the tag has data version {reported.asset_observation.data_version}",
+            "data_version_tag")
+        latest = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=source, asset_partitions=[partition]), limit=1).records[0]
+        mat = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=reader.key, asset_partitions=[partition]), limit=1).records[0]
+        provenance = dg.DataProvenance.from_tags(mat.asset_materialization.tags)
+        assert provenance is not None
+        pointer = provenance.input_storage_ids.get(source)
+        # (The pointer is the asset's latest observation, of any partition: dagster-io/dagster#33988.)
+        assert pointer is not None and pointer >= reported.storage_id, (
+            f"Dagster {VERSION}: partition {partition}'s materialization points at observation {pointer}, before "
+            f"{reported.storage_id}, the one reported before its run (assets/landing_files.py observes before runs)")
+        if partition == "b":  # the step's own observation is newer than what it read: it would show stale
+            assert pointer < latest.storage_id, (
+                f"Dagster {VERSION} now reads an input's observation logged inside the step; an observation "
+                "before the run (assets/landing_files.py) is still right, but no longer the only way")
 
 
 def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.DagsterInstance) -> None:
     job = one_asset_job()
     run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
     pool = "stormlake_ingest"
+    instance.event_log_storage.set_concurrency_slots(pool, 1)
     instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "one")
     assert run.run_id in instance.event_log_storage.get_concurrency_info(pool).active_run_ids
 
@@ -237,56 +201,6 @@ def _run_events(dsn: str, run_id: str) -> list[tuple[str, str, str | None]]:
         checks = conn.execute("SELECT 'check', asset_key || check_name, partition FROM asset_check_executions"
                               " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
     return sorted(rows) + sorted(checks)
-
-
-def test_the_storage_is_created_whole_stamped_and_marked(pg_admin_dsn: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from alembic.script import ScriptDirectory
-    from dagster_postgres.event_log import event_log as pg_event_log
-    from dagster_postgres.utils import pg_alembic_config
-
-    from pipeline.instance import dagster_yaml, sqlalchemy_url
-
-    name = f"stormlake_t_{uuid.uuid4().hex[:12]}_dagster"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_database(pg_admin_dsn, name)
-    try:
-        names = {t.name for t in compat.storage_tables()}
-        for table in ("runs", "event_logs", "asset_keys", "jobs", "concurrency_limits", "concurrency_slots"):
-            assert table in names, _fail(f"Dagster's storage metadata has no table {table}", "storage_tables")
-        with psycopg.connect(dsn) as conn:
-            assert compat.pool_keys_with_limits(conn, ["k"]) == set()  # no table yet
-
-        created = compat.complete_storage(sqlalchemy_url(dsn))
-        assert names <= set(created)
-        assert compat.complete_storage(sqlalchemy_url(dsn)) == []
-        head = ScriptDirectory.from_config(pg_alembic_config(pg_event_log.__file__)).get_current_head()
-        with psycopg.connect(dsn) as conn:
-            stamped = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
-        assert stamped == [head], _fail(f"the storage is stamped {stamped}, the alembic head is {head}",
-                                        "complete_storage")
-
-        home = tmp_path / "dagster"
-        home.mkdir()
-        (home / "dagster.yaml").write_text(dagster_yaml(sqlalchemy_url(dsn)))
-        monkeypatch.setenv("DAGSTER_HOME", str(home))
-        with dg.DagsterInstance.get() as inst:
-            compat.mark_new_storage_migrated(inst)
-            assert inst.event_log_storage.has_secondary_index("asset_key_table"), _fail(
-                "reindex_assets no longer marks asset_key_table", "mark_new_storage_migrated")
-            assert inst.run_storage.has_built_index("run_partitions"), _fail(
-                "the run storage's migrate/optimize no longer marks run_partitions", "mark_new_storage_migrated")
-            compat.init_pool_limit(inst, "k")
-            info = inst.event_log_storage.get_concurrency_info("k")
-            assert info.slot_count == inst.global_op_concurrency_default_limit == 2, _fail(
-                f"pool k has {info.slot_count} slots, not the default limit", "init_pool_limit")
-        with psycopg.connect(dsn) as conn:
-            assert compat.pool_keys_with_limits(conn, ["k", "other"]) == {"k"}, _fail(
-                "concurrency_limits (concurrency_key) does not list the pool", "pool_keys_with_limits")
-    finally:
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_the_step_error_wrappers_are_what_a_failed_step_reports(instance: dg.DagsterInstance) -> None:

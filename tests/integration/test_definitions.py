@@ -78,7 +78,7 @@ def test_one_op_writes_every_table_of_a_phase(defs: dg.Definitions, phase) -> No
     assert asset.op.name == phase.asset  # step and run names read as before
     assert set(asset.keys) == set(keys)
     assert not asset.can_subset  # one checkpoint covers all the phase's tables
-    assert asset.op.pool == f"stormlake_{phase.name}"
+    assert asset.op.pool is None  # the run queue is the one concurrency setting
     assert asset.backfill_policy == dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN)
     assert asset.op.retry_policy is not None and asset.op.retry_policy.max_retries == 2
     # One blocking grader per phase, on its first table.

@@ -20,7 +20,14 @@ from dagster._core.test_utils import in_process_test_workspace
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from assets.landing_files import DATA_VERSION_TAG, LANDING_FILES, LANDING_KEY, landing_version
+from assets.landing_files import (
+    DATA_VERSION_TAG,
+    LANDING_FILES,
+    LANDING_KEY,
+    landing_version,
+    latest_versions,
+    observe,
+)
 from assets.phases import INGEST, PHASES, table_keys
 from resources.landing import Landing
 from tests.helpers import KEY, requested_keys
@@ -145,17 +152,21 @@ def _run_ingest(defs: dg.Definitions, instance: dg.DagsterInstance, key: str, **
 
 def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict[str, str], instance) -> None:
     defs = _defs()
+    # What the CLI does before it submits its backfill: observe the selected partitions' files.
+    assert observe(instance, _landing(), [KEY, OTHER]) == {KEY: _version(KEY), OTHER: _version(OTHER)}
     done = defs.resolve_job_def("storm_job").execute_in_process(partition_key=KEY, instance=instance)
     assert done.success
     _run_ingest(defs, instance, OTHER)
 
-    # Fresh after the run: ingest recorded the observation of the files it read, before its
-    # materialization, and the materialization points at it.
+    # Fresh after the run: the observation of the files came before it, ingest observed nothing
+    # itself, and its materialization points at that observation.
+    assert not [e for e in done.all_events if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
     assert set(_status(instance, KEY).values()) == {"FRESH"}
     assert _ingest_status(instance, OTHER) == "FRESH"
     (obs,) = _observations(instance, KEY)
     assert _data_version(obs) == _version(KEY)
-    assert obs.run_id == done.run_id
+    assert not obs.run_id  # reported outside any run
+    assert observe(instance, _landing(), [KEY, OTHER]) == {}  # the same files: nothing to record
     for table in INGEST_KEYS:
         mat = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=table, asset_partitions=[KEY]), limit=1).records[0]
@@ -168,8 +179,8 @@ def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict
     assert set(_status(instance, KEY).values()) == {"FRESH"}
 
     # An observation with no change (nothing new) records nothing.
-    observe = defs.resolve_job_def("observe_landing")
-    first = observe.execute_in_process(instance=instance)
+    observe_job = defs.resolve_job_def("observe_landing")
+    first = observe_job.execute_in_process(instance=instance)
     assert first.success
     observed = {e.event_specific_data.asset_observation.partition for e in first.all_events
                 if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION}
@@ -180,7 +191,7 @@ def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict
     # A changed landing file, observed (the observe_landing job, no phase runs): ingest of that
     # partition is stale, naming the landing_files partition; OTHER is not.
     _change_outages(KEY)
-    again = observe.execute_in_process(instance=instance)
+    again = observe_job.execute_in_process(instance=instance)
     assert again.success
     assert [r.partition_key for r in _observations(instance)][:1] == [KEY]
     assert _data_version(_observations(instance, KEY)[0]) == _version(KEY)
@@ -209,20 +220,22 @@ def test_changed_landing_file_observed_shows_ingest_stale_in_the_ui(sl_env: dict
     assert {name for name, (status, _) in ui.items() if status != "FRESH"} == {"outages_enriched"}
 
 
-def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env: dict[str, str],
-                                                                         instance) -> None:
-    """A file changed and not observed yet: the range run's step observes each of its partitions first."""
+def test_a_range_run_observed_before_it_is_fresh_in_each_partition(sl_env: dict[str, str], instance) -> None:
+    """The CLI's road: observe the selected partitions, then a key range run over them; a file
+    changed later shows its partition stale once observed, and the next run makes it fresh."""
     defs = _defs()
     keys = [KEY, OTHER]  # neighbours: one key range of two partitions in one step
-    _run_ingest(defs, instance, KEY)
-    _change_outages(KEY)  # not observed: no sensor, no observe job
-    result = defs.resolve_job_def("storm_job").execute_in_process(
-        asset_selection=INGEST_KEYS, instance=instance,
-        tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
-    assert result.success
-    logged = [e.event_specific_data.asset_observation for e in result.all_events
-              if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
-    assert sorted((o.partition, o.tags[DATA_VERSION_TAG]) for o in logged) == sorted((k, _version(k)) for k in keys)
+    range_tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+
+    def run_range() -> dg.ExecuteInProcessResult:
+        result = defs.resolve_job_def("storm_job").execute_in_process(
+            asset_selection=INGEST_KEYS, instance=instance, tags=range_tags)
+        assert result.success
+        assert not [e for e in result.all_events if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+        return result
+
+    assert observe(instance, _landing(), keys) == {k: _version(k) for k in keys}
+    result = run_range()
     for key in keys:
         assert _ingest_status(instance, key) == "FRESH", key
     # Each partition's materialization of each table of the range carries its own outcome.
@@ -245,12 +258,56 @@ def test_ingest_records_the_observation_of_every_partition_of_a_range_run(sl_env
         "ingest: 2 of 2 partitions done",
         f"ingest {KEY}: COMPLETED (seq {mats[KEY]['seq'].value}, state {mats[KEY]['state_hash'].value[:12]})",
         f"ingest {OTHER}: COMPLETED (seq {mats[OTHER]['seq'].value}, state {mats[OTHER]['state_hash'].value[:12]})"]
-    # Observing now finds nothing new for them: the step's observations stand.
+
+    _change_outages(KEY)
+    assert observe(instance, _landing(), keys) == {KEY: _version(KEY)}  # OTHER's files are the same
+    assert _ingest_status(instance, KEY) == "STALE" and _ingest_status(instance, OTHER) == "FRESH"
+    run_range()
+    assert all(_ingest_status(instance, k) == "FRESH" for k in keys)
+    # Observing now finds nothing new for them.
     counts = {k: len(_observations(instance, k)) for k in keys}
     assert counts == {KEY: 2, OTHER: 1}
     assert defs.resolve_job_def("observe_landing").execute_in_process(instance=instance).success
     assert {k: len(_observations(instance, k)) for k in keys} == counts
     assert all(_ingest_status(instance, k) == "FRESH" for k in keys)
+
+
+def test_a_run_before_its_files_were_observed_shows_stale_until_run_again(sl_env: dict[str, str],
+                                                                          instance) -> None:
+    """``dg launch`` or the UI right after a file changed: the run reads the new files before anyone
+    observed them; their observation then shows it stale, and a run after it (the phases skip in
+    the ledger) fresh again."""
+    defs = _defs()
+    observe(instance, _landing(), [KEY])
+    _run_ingest(defs, instance, KEY)
+    _change_outages(KEY)
+    changed = _run_ingest(defs, instance, KEY)  # reads the new files; ingest observes nothing itself
+    assert not [e for e in changed.all_events if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    assert _ingest_status(instance, KEY) == "FRESH"
+    assert observe(instance, _landing(), [KEY]) == {KEY: _version(KEY)}
+    assert _ingest_status(instance, KEY) == "STALE"
+    again = _run_ingest(defs, instance, KEY)
+    assert {e.step_materialization_data.materialization.metadata["status"].value
+            for e in again.all_events if e.is_step_materialization} == {"SKIPPED"}
+    assert _ingest_status(instance, KEY) == "FRESH"
+
+
+def test_latest_versions_pages_through_the_asked_partitions_only(dagster_db: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The latest observation's version of each asked partition, newest first, page by page; a
+    partition never observed, or observed without a version, is left out."""
+    import assets.landing_files as landing_files
+
+    with dg.DagsterInstance.get() as instance:
+        for partition, version in [("a", "1"), ("b", "1"), ("a", "2"), ("x", "9"), ("b", "2"), ("a", "3")]:
+            instance.report_runless_asset_event(dg.AssetObservation(asset_key=LANDING_KEY, partition=partition,
+                                                                    tags={DATA_VERSION_TAG: version}))
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=LANDING_KEY, partition="c"))
+        assert latest_versions(instance, ["a", "b", "c", "never"]) == {"a": "3", "b": "2"}
+        monkeypatch.setattr(landing_files, "PAGE", 1)  # one record a page: the paging itself
+        assert latest_versions(instance, ["b", "a", "c", "never"]) == {"a": "3", "b": "2"}
+        assert latest_versions(instance, ["x"]) == {"x": "9"}
+        assert latest_versions(instance, []) == {}
 
 
 def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], instance) -> None:

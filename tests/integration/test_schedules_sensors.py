@@ -493,13 +493,12 @@ def test_stormlake_landing_sensor_stopped_registers_it_stopped(tmp_path: Path) -
 
 
 # ---- the instance ------------------------------------------------------------------------------
-def test_instance_has_the_phase_pools_before_any_run(sl_env: dict[str, str], instance) -> None:
-    """prepare_dagster_home creates the pools' rows up front (no first-run race on PostgreSQL)."""
+def test_the_run_queue_is_the_one_concurrency_setting(sl_env: dict[str, str], instance) -> None:
+    """No phase has a concurrency pool: the queue's limits on runs are what bounds the work."""
     from pipeline.definitions import defs
-    from pipeline.instance import pool_keys
 
-    assert {defs.resolve_assets_def(p.tables[0]).op.pool for p in PHASES} == set(pool_keys())
-    assert set(pool_keys()) <= set(instance.event_log_storage.get_concurrency_keys())
+    assert {defs.resolve_assets_def(p.tables[0]).op.pool for p in PHASES} == {None}
+    assert instance.get_concurrency_config().run_queue_config.max_concurrent_runs >= 1
     from pipeline.launcher import StormlakeRunCoordinator
 
     assert isinstance(instance.run_coordinator, StormlakeRunCoordinator)  # Dagster's queued one, subclassed

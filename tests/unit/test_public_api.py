@@ -38,19 +38,12 @@ EXPECTED: dict[str, set[str]] = {
     "dagster._core.launcher.LaunchRunContext": {"pipeline/launcher.py"},
     "dagster._core.launcher.RunLauncher": {"pipeline/launcher.py"},
     "dagster._core.launcher.WorkerStatus": {"pipeline/launcher.py"},
-    "dagster._core.storage.event_log.schema.SqlEventLogStorageMetadata": {"resources/dagster_compat.py"},
-    "dagster._core.storage.runs.schema.RunStorageSqlMetadata": {"resources/dagster_compat.py"},
-    "dagster._core.storage.schedules.schema.ScheduleStorageSqlMetadata": {"resources/dagster_compat.py"},
-    "dagster._core.storage.sql.stamp_alembic_rev": {"resources/dagster_compat.py"},
     "dagster._serdes.ConfigurableClass": {"pipeline/launcher.py"},
     "dagster._serdes.ConfigurableClassData": {"pipeline/launcher.py"},
-    "dagster_postgres.event_log.event_log": {"resources/dagster_compat.py"},
-    "dagster_postgres.utils.pg_alembic_config": {"resources/dagster_compat.py"},
     "event_log_storage": {"resources/dagster_compat.py"},
     "get_execution_plan_snapshot": {"resources/dagster_compat.py"},
     "get_job_snapshot": {"resources/dagster_compat.py"},
     "get_run_group": {"pipeline/range_runs.py"},
-    "get_step_execution_context": {"resources/dagster_compat.py"},
     "optimize_for_webserver": {"resources/dagster_compat.py"},
     "report_dagster_event": {"resources/dagster_compat.py"},
     "report_engine_event": {"pipeline/launcher.py", "pipeline/range_runs.py"},
@@ -58,8 +51,6 @@ EXPECTED: dict[str, set[str]] = {
     "report_run_failed": {"pipeline/launcher.py", "resources/dagster_compat.py"},
     "run_launcher": {"pipeline/launcher.py"},
     "run_retries_max_retries": {"pipeline/range_runs.py"},
-    "run_storage": {"resources/dagster_compat.py"},
-    "schedule_storage": {"resources/dagster_compat.py"},
 }
 
 
