@@ -1,9 +1,9 @@
 """Steps on the workers of Dagster's Celery executor (docs/OPERATIONS.md, "Steps on Celery workers").
 
-A Redis broker, a local S3 endpoint, the ledger and Dagster's storage over TCP, each with its
+A Redis broker, a local S3 endpoint (pipeline/tools/celery_local.py), the ledger and Dagster's storage over TCP, each with its
 login, and Celery workers started as another Unix user (``nobody``) with homes of their own:
 they cannot read the launcher's files. Runs of ``storm_job`` over key ranges are launched with
-``dagster job execute`` (tests/celery.py); their steps run on the workers.
+``dagster job execute``; their steps run on the workers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.celery import Deployment, deployment, redis_broker, wait_runs
+from pipeline.tools.celery_local import Deployment, deployment, redis_broker, wait_runs
 from tests.consumer import (
     check_lake_equal,
     check_ledger_clean,

@@ -1,6 +1,6 @@
-"""A deployment of Dagster's Celery executor for the tests and the bench: a Redis broker, Celery
-workers that run as another Unix user with homes of their own, and a launcher whose home they
-cannot read.
+"""A deployment of Dagster's Celery executor on one machine, for the tests and ``stormlake bench
+--engine``: a Redis broker, Celery workers that run as another Unix user with homes of their own,
+and a launcher whose home they cannot read.
 
 What a worker shares with the launcher, and nothing else: the ledger and Dagster's storage over
 TCP, each with a login of its own (the pipeline's, made with ``stormlake access add-login``, and
@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -32,10 +33,30 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from tests.consumer import BIN, REPO, base_env, run
-from tests.s3 import Endpoint, free_port, s3_settings
+from pipeline.tools.s3_local import Endpoint, free_port, s3_settings
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]  # the project's folder: its requirements.lock
 
 WORKER_USER = "nobody"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any stormlake or Dagster setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("STORMLAKE_", "DAGSTER_")) and k != "PYTEST_CURRENT_TEST"}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``stormlake *args`` to its end."""
+    return subprocess.run([str(BIN / "stormlake"), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(REPO))
+
+
+def _ok(res: subprocess.CompletedProcess[str]) -> None:
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(res.args[1:])} -> {res.returncode}: {res.stderr.strip()[-2000:]}")
 
 
 def redis_binary() -> str:
@@ -93,7 +114,6 @@ def worker_python(root: Path, user: str | None) -> Path:
     pyenv build under /root); then a virtual environment of the system's Python 3 of the same
     version is made in ``root`` and given the project's site-packages (the installed code, nothing
     else of the launcher's)."""
-    import sys
     import sysconfig
 
     own = BIN / "python"
@@ -143,7 +163,8 @@ def tcp_dsn(dsn: str, **change: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     if str(info.get("host") or "").startswith("/") or not info.get("host"):
         info["host"] = "127.0.0.1"
-    info.pop("passfile", None)
+    if "password" in change:
+        info.pop("passfile", None)
     info.update(change)
     return psycopg.conninfo.make_conninfo(**info)
 
@@ -205,8 +226,8 @@ class Deployment:
         worker = Worker(name, proc, log)
         deadline = time.monotonic() + 120
         while " ready." not in worker.text():
-            assert proc.poll() is None, f"worker {name} exited ({proc.returncode}):\n{worker.text()[-4000:]}"
-            assert time.monotonic() < deadline, f"worker {name} not ready in 120 s:\n{worker.text()[-4000:]}"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} did not get ready ({proc.poll()}):\n{worker.text()[-4000:]}")
             time.sleep(0.1)
         self.workers.append(worker)
         return worker
@@ -257,7 +278,7 @@ def wait_runs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[str
                 except ProcessLookupError:
                     pass
             out, _ = p.communicate()
-            raise AssertionError(f"a run was still going after {timeout:.0f} s:\n{out[-4000:]}") from None
+            raise TimeoutError(f"a run was still going after {timeout:.0f} s:\n{out[-4000:]}") from None
         outs.append(out)
     return outs
 
@@ -301,14 +322,11 @@ def deployment(admin_dsn: str, database_dsn: str, endpoint: Endpoint, landing: P
               "STORMLAKE_DAGSTER_DSN": dagster}
     launcher = base_env(STORMLAKE_HOME=str(launcher_home), DAGSTER_HOME=str(launcher_home / "dagster"),
                         STORMLAKE_OWNER_DSN=owner, **common)
-    ready = run(launcher, "db", "migrate", timeout=120)  # the ledger's tables and dagster.yaml
-    assert ready.returncode == 0, str(ready)
-    made = run(launcher, "access", "add-login", pipeline_login, "--role", "resume_worker", timeout=120)
-    assert made.returncode == 0, str(made)
+    _ok(run(launcher, "db", "migrate"))  # the ledger's tables
+    _ok(run(launcher, "access", "add-login", pipeline_login, "--role", "resume_worker"))
     pipeline = (launcher_home / "logins" / f"{pipeline_login}.dsn").read_text().strip()
     launcher["STORMLAKE_PIPELINE_DSN"] = pipeline
-    ready = run(launcher, "env", timeout=120)  # writes dagster.yaml
-    assert ready.returncode == 0, str(ready)
+    _ok(run(launcher, "env"))  # writes dagster.yaml
     worker_env = {k: v for k, v in base_env(**common).items() if k not in ("HOME", "STORMLAKE_HOME", "DAGSTER_HOME")}
     worker_env["STORMLAKE_PIPELINE_DSN"] = pipeline
     user = other_user()
