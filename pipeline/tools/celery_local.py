@@ -136,6 +136,12 @@ def worker_python(root: Path, user: str | None) -> Path:
     if missing:
         subprocess.run([str(BIN / "python"), "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                         *missing], check=True, capture_output=True)
+    for folder, _, files in os.walk(venv):  # readable by the workers' user whatever this process's umask
+        os.chmod(folder, 0o755)
+        for f in files:
+            path = os.path.join(folder, f)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o444 | (0o111 if os.stat(path).st_mode & 0o100 else 0))
     return python
 
 
