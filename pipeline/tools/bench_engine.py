@@ -48,11 +48,11 @@ def timed_deployment(root: Path, name: str, admin_dsn: str, endpoint, landing: P
             deployment(admin_dsn, with_database(admin_dsn, db), endpoint, landing, broker) as dep:
         started = [dep.start_worker(f"{name}-w{i + 1}") for i in range(workers)]
         t = time.perf_counter()
-        outs = dep.launch(ranges, timeout=1800)
+        done = dep.launch(ranges, timeout=1800)
         wall = time.perf_counter() - t
-        failed = [out for out in outs if "RUN_SUCCESS" not in out]
+        failed = [d for d in done if not d.ok]
         if failed:
-            raise StormlakeError(f"bench --engine: a run of {name} failed: {failed[0].strip().splitlines()[-1]}")
+            raise StormlakeError(f"bench --engine: a run of {name} failed: {failed[0].output.strip().splitlines()[-1]}")
         steps = [w.tasks_done() for w in started]
         user = dep.user or "this user"
     _say(f"{name}: {wall:.1f}s, steps per worker {steps} (workers as {user})")

@@ -239,7 +239,9 @@ class Deployment:
         return worker
 
     def launch_commands(self, ranges: list[list[str]]) -> list[list[str]]:
-        """One run of storm_job per key range (the runs the planner would cut)."""
+        """How runs are launched, the one place: a ``dagster job execute`` of ``storm_job`` per key
+        range (the runs the planner would cut), executed by the jobs' executor, Celery; each exits
+        0 when its run succeeded. A command that submits a backfill and waits for it would do as well."""
         return [[str(BIN / "dagster"), "job", "execute", "-m", "pipeline.definitions", "-j", "storm_job", "--tags",
                  json.dumps({"dagster/asset_partition_range_start": r[0], "dagster/asset_partition_range_end": r[-1]})]
                 for r in ranges]
@@ -252,9 +254,8 @@ class Deployment:
                                           start_new_session=True))
         return procs
 
-    def launch(self, ranges: list[list[str]], *, timeout: float = 300, config: Path | None = None) -> list[str]:
-        """Run the ranges at once, to their end; returns each run's output. A run still going after
-        ``timeout`` s fails the test."""
+    def launch(self, ranges: list[list[str]], *, timeout: float = 300, config: Path | None = None) -> list[Launched]:
+        """Run the ranges at once, to their end (a run still going after ``timeout`` s raises)."""
         return wait_runs(self.start_runs(ranges, config=config), timeout=timeout)
 
     def stop(self) -> None:
@@ -271,8 +272,21 @@ class Deployment:
                 w.kill()
 
 
-def wait_runs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[str]:
-    outs = []
+@dataclass(frozen=True)
+class Launched:
+    """A launch command's end: its exit code and its output (stdout and stderr)."""
+
+    returncode: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def wait_runs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[Launched]:
+    """Wait for every launch command; one still going after ``timeout`` s stops them all and raises."""
+    done = []
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
@@ -285,13 +299,8 @@ def wait_runs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[str
                     pass
             out, _ = p.communicate()
             raise TimeoutError(f"a run was still going after {timeout:.0f} s:\n{out[-4000:]}") from None
-        outs.append(out)
-    return outs
-
-
-def day_ranges(days: list[str], regions: list[str]) -> list[list[str]]:
-    """One key range per day: the day's regions (neighbours in the region file's order)."""
-    return [[f"{d}|{r}" for r in regions] for d in days]
+        done.append(Launched(p.returncode, out))
+    return done
 
 
 @contextmanager

@@ -88,14 +88,17 @@ def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_f
             print("not root: the workers ran as this same user (with homes of their own)")
         w1, w2 = dep.start_worker("w1"), dep.start_worker("w2")
         start = time.monotonic()
-        outs = dep.launch(ranges)
+        done = dep.launch(ranges)
         print(f"16 partitions on 2 workers: {time.monotonic() - start:.1f} s")
-        for out in outs:
-            assert "RUN_SUCCESS" in out, out[-4000:]
+        for d in done:
+            assert d.ok, d.output[-4000:]
         assert w1.tasks_done() + w2.tasks_done() == 4 * len(ranges)
         assert w1.tasks_done() and w2.tasks_done(), (w1.tasks_done(), w2.tasks_done())
         check_exactly_once(dep, s3_endpoint, keys)
         assert not (dep.launcher_home / "lake").exists() and not (dep.launcher_home / "published").exists()
+        password = broker.split("@")[0].rsplit(":", 1)[1]  # redis://:PASSWORD@host:port/0
+        for text in [d.output for d in done] + [w1.text(), w2.text()]:
+            assert password not in text, "the broker's password was printed"
 
         if dep.user is None:
             return
@@ -111,8 +114,9 @@ def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_f
         config.write_text(f"resources:\n  landing:\n    config:\n      root: {local}\n"
                           f"      regions_file: {DEFAULT_REGIONS_FILE}\n")
         other_day = [key_ranges(landing, days_per_run=1)[0][:1]]
-        out = dep.launch(other_day, config=config)[0]
-        assert "RUN_FAILURE" in out, out[-4000:]
+        refused = dep.launch(other_day, config=config)[0]
+        assert not refused.ok, refused.output[-4000:]
+        out = refused.output
         lines = [ln for ln in out.splitlines() if str(local) in ln]
         assert lines and "Permission" in lines[0], out[-6000:]
         print("the worker's error:", lines[0][:600])
@@ -138,8 +142,8 @@ def test_a_worker_killed_mid_phase_its_step_finishes_on_another_worker(
         survivor = dep.start_worker("w2")
         doomed.kill()  # SIGKILL, the worker and its process: its step is neither done nor acknowledged
         killed = time.monotonic()
-        out = wait_runs(runs, timeout=300)[0]
-        assert "RUN_SUCCESS" in out, out[-4000:]
+        done = wait_runs(runs, timeout=300)[0]
+        assert done.ok, done.output[-4000:]
         print(f"the run finished {time.monotonic() - killed:.1f} s after the kill")
         assert survivor.tasks_done() == 2, survivor.text()[-4000:]  # correlate, then present
         check_exactly_once(dep, s3_endpoint, keys)
