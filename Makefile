@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 PIP_VERSION := 26.3
 
-.PHONY: demo test test-all e2e lint bench ui clean browser lock
+.PHONY: demo test test-all e2e lint bench ui clean browser broker lock
 
 # The environment is requirements.lock, exactly (every package pinned, every file's hash checked),
 # then the project itself without dependencies: a new checkout gets the set the tests ran on.
@@ -32,15 +32,19 @@ demo: $(STAMP)
 browser:
 	@bash tests/ensure_browser.sh
 
+# redis-server, the broker of the Celery worker tests: the same way as Chromium.
+broker:
+	@bash tests/ensure_redis.sh
+
 # Two workers: most end-to-end tests wait on subprocesses, the daemon and PostgreSQL. The long
 # end-to-end tests are collected first (tests/conftest.py) and a worker that runs out of tests
 # takes half of what waits for the other (worksteal), so no long test waits at the end behind
 # another while a worker is idle.
 # The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
-test: $(STAMP) browser
+test: $(STAMP) browser broker
 	$(BIN)/python -m pytest -m "not slow" -n 2 --dist worksteal $(PYTEST_ARGS)
 
-test-all: $(STAMP) browser
+test-all: $(STAMP) browser broker
 	$(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -591,6 +591,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         args.partitions = args.partitions or DEFAULTS["partitions"]
         args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
         return run_ui_bench(args, settings)
+    if args.engine:
+        from pipeline.tools.bench_engine import DEFAULTS, run_engine_bench
+
+        args.partitions = args.partitions or DEFAULTS["partitions"]
+        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
+        return run_engine_bench(args, settings)
     if args.workers:
         from pipeline.tools.bench_workers import DEFAULTS, run_workers_bench
 
@@ -806,6 +812,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                     help="instead: time a backfill launched in the Dagster UI (GraphQL) against stormlake backfill")
     be.add_argument("--workers", action="store_true",
                     help="instead: time a backfill in 1 process against STORMLAKE_WORKERS processes, side by side")
+    be.add_argument("--engine", action="store_true",
+                    help="instead: a backfill's steps on 1 Celery worker against 2, side by side (Redis, a local S3"
+                         " endpoint, workers as another user when root)")
     be.add_argument("--all", action="store_true",
                     help="instead: every figure of a year of small partitions in one run (small partitions, "
                          "workers, the UI, the views at scale) against its target")

@@ -30,6 +30,7 @@ from assets.enrich import enriched_outages
 from assets.ingest import ingested_batch
 from assets.landing_files import landing_files
 from assets.present import operational_picture
+from pipeline.engine import executor_def
 from pipeline.jobs import observe_landing, storm_job
 from pipeline.schedules import SCHEDULES
 from pipeline.sensors import SENSORS
@@ -92,17 +93,19 @@ with warnings.catch_warnings():
         [ingested_batch, enriched_outages, storm_correlation, operational_picture]))
     SOURCE_ASSETS = list(dg.with_source_code_references([landing_files]))  # observed, never materialized
 
-# Every job runs its steps in the run's own process (the UI's backfills and "Materialize", the
-# schedule's and sensors' runs, `dg launch`), as the CLI's runs do: a step process of its own
-# would pay Dagster's import and the code location's load again for every phase, several times
-# what a small partition's phase costs, and a phase reads what the phase before it wrote from
-# the process's partition cache instead of the Delta files. Parallelism comes from runs (the
-# queue's limits), not from steps: a partition's phases run one after another anyway.
+# By default every job runs its steps in the run's own process (the UI's backfills and
+# "Materialize", the schedule's and sensors' runs, `dg launch`), as the CLI's runs do: a step
+# process of its own would pay Dagster's import and the code location's load again for every
+# phase, several times what a small partition's phase costs, and a phase reads what the phase
+# before it wrote from the process's partition cache instead of the Delta files. Parallelism
+# comes from runs (the queue's limits), not from steps: a partition's phases run one after
+# another anyway. STORMLAKE_EXECUTOR=celery puts the steps on Celery workers instead, on other
+# hosts (pipeline/engine.py).
 defs = dg.Definitions(
     assets=[*SOURCE_ASSETS, *PHASE_ASSETS],
     jobs=[storm_job, observe_landing],
     schedules=SCHEDULES,
     sensors=SENSORS,
     resources=build_resources(),
-    executor=dg.in_process_executor,
+    executor=executor_def(load_settings()),
 )

@@ -6,7 +6,8 @@ Set ``STORMLAKE_FAULTS`` to a comma-separated list of ``[phase.]point[@partition
 - ``phase`` limits it to one phase (``correlate.after_lease``), ``partition`` to one partition
   key (``after_lease@2026-09-01|gulf_coast``);
 - ``action`` is ``exit`` (default: ``os._exit(137)``, what a SIGKILL leaves behind: no
-  cleanup, no ``finally``, no atexit) or ``raise`` (:class:`InjectedFault`).
+  cleanup, no ``finally``, no atexit), ``raise`` (:class:`InjectedFault`) or ``hang`` (say so on
+  stderr, then wait for the test to kill the process from outside; exit after :data:`HANG_S`).
 
 Example: ``STORMLAKE_FAULTS=present.after_pending=exit``.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from resources.errors import ConfigError, InjectedFault
 
@@ -32,6 +34,7 @@ POINTS = (
     "after_call",
 )
 EXIT_CODE = 137
+HANG_S = 600
 
 
 def _parse(spec: str) -> list[tuple[str | None, str, str | None, str]]:
@@ -44,9 +47,9 @@ def _parse(spec: str) -> list[tuple[str | None, str, str | None, str]]:
         if "@" in item:
             item, partition = item.split("@", 1)
         phase, _, point = item.rpartition(".")
-        if point not in POINTS or action not in ("exit", "raise"):
+        if point not in POINTS or action not in ("exit", "raise", "hang"):
             raise ConfigError(
-                f"STORMLAKE_FAULTS: {item!r} is not a fault point (one of {', '.join(POINTS)}) with action exit|raise"
+                f"STORMLAKE_FAULTS: {item!r} is not a fault point (one of {', '.join(POINTS)}) with action exit|raise|hang"
             )
         rules.append((phase or None, point, partition, action))
     return rules
@@ -62,6 +65,11 @@ def check(point: str, *, phase: str, partition_key: str) -> None:
             continue
         if action == "raise":
             raise InjectedFault(f"injected fault at {phase}.{point} for {partition_key}")
+        if action == "hang":
+            sys.stderr.write(f"stormlake: injected hang at {phase}.{point} for {partition_key} (pid {os.getpid()})\n")
+            sys.stderr.flush()
+            time.sleep(HANG_S)
+            os._exit(EXIT_CODE)
         sys.stderr.write(f"stormlake: injected exit at {phase}.{point} for {partition_key}\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE)

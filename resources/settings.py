@@ -22,6 +22,10 @@ DEFAULT_FIRST_DAY = "2026-09-01"
 DEFAULT_LAKE_LOG_RETENTION_MINUTES = 2  # how long a Delta log keeps older commits (resources/lake.py says why)
 DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
 DEFAULT_WRITE_TOGETHER = 8  # small partitions of a range step whose tables share a Delta commit
+#: Seconds after which the broker hands a step whose worker never acknowledged it (a worker lost
+#: with its host) to another worker; longer than any step runs, or a running step is handed out twice.
+DEFAULT_REDELIVER_AFTER_S = 3600
+EXECUTORS = ("in_process", "multiprocess", "celery")
 DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 REGION_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REGION_FIELDS = ("region_id", "name", "min_lat", "max_lat", "min_lon", "max_lon")
@@ -71,6 +75,9 @@ class Settings:
     pipeline_dsn: str | None = None  # STORMLAKE_PIPELINE_DSN: the pipeline's own login
     dagster_dsn: str | None = None  # STORMLAKE_DAGSTER_DSN: Dagster's storage, with credentials of its own
     file_mode: str = "private"  # STORMLAKE_FILE_MODE: private (0600/0700) or group (0640/0750)
+    executor: str = "in_process"  # STORMLAKE_EXECUTOR: where a run's steps run (pipeline/engine.py)
+    broker_url: str | None = None  # STORMLAKE_BROKER_URL: the Celery broker and result backend (a secret)
+    redeliver_after_s: int = DEFAULT_REDELIVER_AFTER_S  # STORMLAKE_REDELIVER_AFTER: a lost worker's step goes to another after this
 
     @property
     def pgdata(self) -> Path:
@@ -120,7 +127,28 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         pipeline_dsn=get("STORMLAKE_PIPELINE_DSN"),
         dagster_dsn=get("STORMLAKE_DAGSTER_DSN"),
         file_mode=_choice(get, "STORMLAKE_FILE_MODE", ("private", "group")),
+        executor=_choice(get, "STORMLAKE_EXECUTOR", EXECUTORS),
+        broker_url=_broker_url(get("STORMLAKE_BROKER_URL"), needed=get("STORMLAKE_EXECUTOR") == "celery"),
+        redeliver_after_s=_whole(get, "STORMLAKE_REDELIVER_AFTER", DEFAULT_REDELIVER_AFTER_S),
     )
+
+
+def _broker_url(raw: str | None, *, needed: bool) -> str | None:
+    """``STORMLAKE_BROKER_URL``: a Redis URL (``redis://``, ``rediss://``), required by the Celery
+    executor. The message never repeats the value, which may hold a password."""
+    if raw is None:
+        if needed:
+            raise ConfigError("STORMLAKE_EXECUTOR=celery needs STORMLAKE_BROKER_URL (redis://host:port/db)")
+        return None
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ConfigError("STORMLAKE_BROKER_URL is not a redis:// or rediss:// URL with a host"
+                          " (its value is not shown: it may hold a secret)")
+    return raw
 
 
 def _choice(get, name: str, choices: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]

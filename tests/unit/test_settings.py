@@ -1,4 +1,4 @@
-"""Settings read from the environment: the lake's log retention (an extension of contract section 1)."""
+"""Settings read from the environment: the lake's log retention, the executor and its broker (extensions of contract section 1)."""
 
 from __future__ import annotations
 
@@ -97,3 +97,27 @@ def test_the_landing_lake_and_publish_settings_take_an_s3_url_and_never_repeat_a
             with pytest.raises(ConfigError, match=f"{name} is a URL but not s3://bucket/prefix") as caught:
                 load_settings({name: bad})
             assert "S3CRET" not in str(caught.value)
+
+
+def test_the_executor_setting_picks_dagsters_executor_and_celery_needs_a_redis_broker() -> None:
+    import dagster as dg
+
+    from pipeline.engine import executor_def
+
+    assert load_settings({}).executor == "in_process" and load_settings({}).broker_url is None
+    assert executor_def(load_settings({})) is dg.in_process_executor
+    assert executor_def(load_settings({"STORMLAKE_EXECUTOR": "multiprocess"})) is dg.multiprocess_executor
+    url = "redis://:S3CRET@broker.internal:6379/0"
+    celery = load_settings({"STORMLAKE_EXECUTOR": "celery", "STORMLAKE_BROKER_URL": url})
+    assert celery.broker_url == url and celery.redeliver_after_s == 3600
+    assert executor_def(celery).name == "celery"  # its broker is read from the environment inside the run
+    with pytest.raises(ConfigError, match="STORMLAKE_EXECUTOR=celery needs STORMLAKE_BROKER_URL"):
+        load_settings({"STORMLAKE_EXECUTOR": "celery"})
+    with pytest.raises(ConfigError, match="STORMLAKE_EXECUTOR='dask': use in_process or multiprocess or celery"):
+        load_settings({"STORMLAKE_EXECUTOR": "dask"})
+    for bad in ("amqp://u:S3CRET@host//", "redis://", "S3CRET"):
+        with pytest.raises(ConfigError, match="STORMLAKE_BROKER_URL is not a redis") as raised:
+            load_settings({"STORMLAKE_EXECUTOR": "celery", "STORMLAKE_BROKER_URL": bad})
+        assert "S3CRET" not in str(raised.value)
+    with pytest.raises(ConfigError, match="STORMLAKE_REDELIVER_AFTER"):
+        load_settings({"STORMLAKE_REDELIVER_AFTER": "0"})

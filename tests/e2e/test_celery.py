@@ -1,0 +1,161 @@
+"""Steps on the workers of Dagster's Celery executor (docs/OPERATIONS.md, "Steps on Celery workers").
+
+A Redis broker, a local S3 endpoint (pipeline/tools/celery_local.py), the ledger and Dagster's storage over TCP, each with its
+login, and Celery workers started as another Unix user (``nobody``) with homes of their own:
+they cannot read the launcher's files. Runs of ``storm_job`` over key ranges are launched with
+``dagster job execute``; their steps run on the workers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.tools.celery_local import Deployment, deployment, redis_broker, wait_runs
+from tests.consumer import (
+    check_lake_equal,
+    check_ledger_clean,
+    database,
+    generated_landing,
+    lake_snapshot,
+    make_home,
+    run,
+    sql_rows,
+)
+from tests.s3 import Endpoint
+
+pytestmark = pytest.mark.e2e
+
+PHASES = ("ingest", "enrich", "correlate", "present")
+KINDS = 3  # artifacts a partition publishes
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 regions x 4 days, small partitions: 16 partitions."""
+    return generated_landing(tmp_path_factory.mktemp("celery") / "landing", regions=4, rows_per_partition=150,
+                             seed=29, days=4)
+
+
+def regions_and_days(landing: Path) -> tuple[list[str], list[str]]:
+    from resources.settings import DEFAULT_REGIONS_FILE, load_regions
+
+    regions = [r.region_id for r in load_regions(DEFAULT_REGIONS_FILE) if (landing / r.region_id).is_dir()]
+    days = sorted(p.name for p in (landing / regions[0]).iterdir())
+    return regions, days
+
+
+def key_ranges(landing: Path, *, days_per_run: int) -> list[list[str]]:
+    """Key ranges of every region over ``days_per_run`` consecutive days (rectangles in Dagster's order)."""
+    regions, days = regions_and_days(landing)
+    return [[f"{d}|{r}" for d in days[i:i + days_per_run] for r in regions] for i in range(0, len(days), days_per_run)]
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[str]:
+    with redis_broker(tmp_path / "redis") as url:
+        yield url
+
+
+def completed(dep: Deployment) -> dict[tuple[str, str], int]:
+    return {(k, p): n for k, p, n in sql_rows(dep.ledger_dsn, "SELECT partition_key, phase, count(*) FROM checkpoints"
+                                                              " WHERE status = 'COMPLETED' GROUP BY 1, 2")}
+
+
+def check_exactly_once(dep: Deployment, endpoint: Endpoint, keys: list[str]) -> None:
+    """One COMPLETED checkpoint per phase and partition; every artifact delivered, one receipt and
+    one object each."""
+    assert completed(dep) == {(k, p): 1 for k in keys for p in PHASES}
+    check_ledger_clean(dep.ledger_dsn)
+    receipts = sql_rows(dep.ledger_dsn, "SELECT artifact_id, status, target FROM receipts")
+    assert len(receipts) == KINDS * len(keys), receipts
+    assert {(s, t) for _, s, t in receipts} == {("DELIVERED", "s3")}
+    published = endpoint.keys(dep.launcher["STORMLAKE_PUBLISH_DIR"])
+    assert sorted(published) == sorted(a.split("@")[0] for a, _, _ in receipts)
+
+
+def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_files(
+        pg_admin_dsn: str, pg_dsn: str, s3_endpoint: Endpoint, landing: Path, broker: str) -> None:
+    ranges = key_ranges(landing, days_per_run=2)  # two runs of 8 partitions, at once
+    keys = [k for r in ranges for k in r]
+    assert len(keys) == 16
+    with deployment(pg_admin_dsn, pg_dsn, s3_endpoint, landing, broker) as dep:
+        if dep.user is None:
+            print("not root: the workers ran as this same user (with homes of their own)")
+        w1, w2 = dep.start_worker("w1"), dep.start_worker("w2")
+        start = time.monotonic()
+        done = dep.launch(ranges)
+        print(f"16 partitions on 2 workers: {time.monotonic() - start:.1f} s")
+        for d in done:
+            assert d.ok, d.output[-4000:]
+        assert w1.tasks_done() + w2.tasks_done() == 4 * len(ranges)
+        assert w1.tasks_done() and w2.tasks_done(), (w1.tasks_done(), w2.tasks_done())
+        check_exactly_once(dep, s3_endpoint, keys)
+        assert not (dep.launcher_home / "lake").exists() and not (dep.launcher_home / "published").exists()
+        password = broker.split("@")[0].rsplit(":", 1)[1]  # redis://:PASSWORD@host:port/0
+        for text in [d.output for d in done] + [w1.text(), w2.text()]:
+            assert password not in text, "the broker's password was printed"
+
+        if dep.user is None:
+            return
+        # A worker cannot read the launcher's files: a run whose landing is the launcher's own
+        # copy (a local path in its 0700 home) fails on the worker, in one line naming the path.
+        local = dep.launcher_home / "landing"
+        direct = subprocess.run(["runuser", "-u", dep.user, "--", str(dep.python), "-c",
+                                 f"open({str(next(local.rglob('*.csv')))!r}).read()"], capture_output=True, text=True)
+        assert direct.returncode != 0 and "PermissionError" in direct.stderr, direct
+        config = dep.root / "local-landing.yaml"
+        from resources.settings import DEFAULT_REGIONS_FILE
+
+        config.write_text(f"resources:\n  landing:\n    config:\n      root: {local}\n"
+                          f"      regions_file: {DEFAULT_REGIONS_FILE}\n")
+        refused = dep.launch([keys[:1]], config=config)[0]
+        assert not refused.ok, refused.output[-4000:]
+        out = refused.output
+        lines = [ln for ln in out.splitlines() if str(local) in ln]
+        assert lines and "Permission" in lines[0], out[-6000:]
+        print("the worker's error:", lines[0][:600])
+        assert completed(dep) == {(k, p): 1 for k in keys for p in PHASES}, "the refused run changed the ledger"
+
+
+def test_a_worker_killed_mid_phase_its_step_finishes_on_another_worker(
+        pg_admin_dsn: str, pg_dsn: str, s3_endpoint: Endpoint, landing: Path, broker: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ranges = key_ranges(landing, days_per_run=1)[:1]  # one run of a day's 4 partitions
+    keys = ranges[0]
+    regions, days = regions_and_days(landing)
+    # The broker hands a lost worker's step to another after this many seconds.
+    with deployment(pg_admin_dsn, pg_dsn, s3_endpoint, landing, broker, redeliver_after_s=10) as dep:
+        doomed = dep.start_worker("w1", STORMLAKE_FAULTS="correlate.mid_transform=hang")
+        runs = dep.start_runs(ranges)
+        deadline = time.monotonic() + 240
+        while "injected hang at correlate.mid_transform" not in doomed.text():
+            assert all(p.poll() is None for p in runs), "the run ended before the worker reached correlate"
+            assert time.monotonic() < deadline, doomed.text()[-4000:]
+            time.sleep(0.1)
+        assert completed(dep) == {(k, p): 1 for k in keys for p in PHASES[:2]}
+        survivor = dep.start_worker("w2")
+        doomed.kill()  # SIGKILL, the worker and its process: its step is neither done nor acknowledged
+        killed = time.monotonic()
+        done = wait_runs(runs, timeout=300)[0]
+        assert done.ok, done.output[-4000:]
+        print(f"the run finished {time.monotonic() - killed:.1f} s after the kill")
+        assert survivor.tasks_done() == 2, survivor.text()[-4000:]  # correlate, then present
+        check_exactly_once(dep, s3_endpoint, keys)
+        # Resumed from the checkpoints: ingest and enrich, done before the kill, ran once.
+        attempts = dict(((k, p), n) for k, p, n in sql_rows(
+            dep.ledger_dsn, "SELECT partition_key, phase, max(attempt) FROM checkpoints GROUP BY 1, 2"))
+        assert all(attempts[(k, p)] == 1 for k in keys for p in ("ingest", "enrich")), attempts
+
+        # The lake equals a clean run's (in process, on a local lake).
+        for k, v in s3_endpoint.env().items():
+            monkeypatch.setenv(k, v)
+        with database(pg_admin_dsn) as clean_dsn:
+            clean = make_home(tmp_path / "clean", landing, clean_dsn)
+            res = run(clean, "backfill", "--regions", ",".join(regions), "--days", f"{days[0]}..{days[0]}")
+            assert res.returncode == 0, str(res)
+            check_lake_equal(dep.launcher, lake_snapshot(clean, keys), keys)
