@@ -8,9 +8,9 @@ as late data of any past day does). Its requests come in the key ranges a UI bac
 (:func:`assets.plan.range_run_requests`: at most ``MAX_PARTITIONS_PER_RUN`` neighbouring
 regions a run; a day of 50 regions is 7 runs, not 50). Each run's run key is its range
 (``<first key>..<last key>``, or the partition key for a range of one), so a tick evaluated
-twice (daemon restart, a manual "test tick") never launches a partition twice. The run
-coordinator cuts a range that holds regions whose files have not landed, or dead-lettered
-ones, into runs of one kind, as it cuts a backfill's (:mod:`pipeline.range_runs`). A tick before
+twice (daemon restart, a manual "test tick") never launches a partition twice. Only the regions
+whose files landed are requested; the others are named in the tick's log (a range holding a
+region with no files would fail that region, ``assets.materialize``). A tick before
 the first full day of the partitions (``STORMLAKE_FIRST_DAY``) is skipped. A run for partitions
 already published only records skips in the ledger (the phases decide), so a late schedule
 after a manual backfill costs a few seconds and delivers nothing.
@@ -33,6 +33,8 @@ from assets.partitions import first_day, region_ids
 from assets.plan import range_run_requests
 from pipeline.jobs import observe_landing, storm_job
 from resources.keys import LAUNCHED_BY, partition_key
+from resources.landing import Landing
+from resources.settings import load_settings
 
 OBSERVE_CRON = "*/15 * * * *"
 CLOSE_CRON = "5 0 * * *"  # 00:05 UTC: the day just closed, its files as they stood at midnight
@@ -53,7 +55,13 @@ def daily_storm_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.RunRe
     day = (at.astimezone(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
     if day < first_day():
         return dg.SkipReason(f"no partitions for {day}: the partitions start on {first_day()}")
-    keys = [partition_key(day, region) for region in region_ids()]
+    zone = Landing(load_settings().landing)
+    keys = [partition_key(day, region) for region in region_ids() if zone.has_partition_files(region, day)]
+    missing = [region for region in region_ids() if partition_key(day, region) not in keys]
+    if missing:
+        context.log.info(f"{day}: no landing files for {len(missing)} region(s), not requested: {', '.join(missing[:20])}")
+    if not keys:
+        return dg.SkipReason(f"no landing files for {day}")
     return range_run_requests(keys, run_key=lambda group: "..".join(dict.fromkeys((group[0], group[-1]))),
                               tags={LAUNCHED_BY: "daily_schedule"})
 
