@@ -131,3 +131,20 @@ def test_the_ledger_gives_every_completed_head_s_span_in_order_of_commit(ledger:
     assert all(s.created_at <= s.completed_at for s in spans)
     assert [s.completed_at for s in spans] == sorted(s.completed_at for s in spans)
     assert month.done_times(spans, "enrich").keys() == {"2026-09-01|gulf_coast", "2026-09-01|pine_belt"}
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--regions", "5"], "go with --month or --year"),
+    (["--month", "--days", "0"], "--days 0: must be at least 1"),
+    (["--month", "--regions", "3", "--days", "3"], "the tenths need at least 10 partitions"),
+    (["--month", "--sides", "cli,web"], "each side is cli or ui"),
+])
+def test_a_month_bench_that_cannot_be_measured_is_a_usage_error(
+        argv: list[str], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.setenv("STORMLAKE_HOME", str(tmp_path / "home"))
+    assert main(["bench", *argv]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "home" / "bench").exists()  # refused before anything was generated
