@@ -573,6 +573,15 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                         ("--repeat", args.repeat)):
         if value is not None and value < 1:  # 0 is no default: a bench of nothing is a mistake
             raise ConfigError(f"{flag} {value}: must be at least 1")
+    for flag, value in (("--regions", args.regions), ("--days", args.days)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: must be at least 1")
+    if (args.regions or args.days or args.sides) and not (args.month or args.year):
+        raise ConfigError("--regions, --days and --sides go with --month or --year")
+    if args.month or args.year:
+        from pipeline.tools.bench_month import run_month_bench
+
+        return run_month_bench(args, settings, year=args.year)
     if args.live:
         from pipeline.tools.bench_live import run_live_bench
 
@@ -802,7 +811,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     be = sub.add_parser("bench", help="benchmark: bare transforms vs the pipeline vs a re-run")
     be.add_argument("--json", action="store_true")
     be.add_argument("--partitions", type=int, default=None, help="default 8 (16 with --workers)")
-    be.add_argument("--rows-per-partition", type=int, default=None, help="default 200,000 (20,000 with --workers)")
+    be.add_argument("--rows-per-partition", "--rows", type=int, default=None,
+                    help="default 200,000 (20,000 with --workers, 500 with --month and --year)")
     be.add_argument("--seed", type=int, default=11)
     be.add_argument("--skip", default="", help="comma-separated measurements to leave out")
     be.add_argument("--scale", action="store_true",
@@ -821,6 +831,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     be.add_argument("--live", action="store_true",
                     help="instead: from a new version of today's files for --partitions regions (default 50) "
                          "landing to every superseding artifact delivered, through the landing sensor of stormlake ui")
+    be.add_argument("--month", action="store_true",
+                    help="instead: a month of --regions (50) x --days (30) partitions from the CLI and from the UI, "
+                         "side by side from fresh homes: seconds a partition, the tenths and the year projected")
+    be.add_argument("--year", action="store_true",
+                    help="instead: --month over 365 days, from the CLI (--sides cli,ui for both)")
+    be.add_argument("--regions", type=int, default=None, help="with --month or --year: regions (default 50)")
+    be.add_argument("--days", type=int, default=None, help="with --month or --year: days (default 30, 365)")
+    be.add_argument("--sides", default=None, help="with --month or --year: cli, ui or cli,ui "
+                                                    "(default cli,ui; cli with --year)")
     be.add_argument("--repeat", type=int, default=3,
                     help="alternate bare and pipeline (and repeat resume) this many times; the fastest of each counts")
     be.set_defaults(fn=cmd_bench)

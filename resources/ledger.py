@@ -74,11 +74,20 @@ READ_AS_ROLES = ("ops_reader", "compliance_auditor", "admin", PIPELINE_ROLE)
 
 
 def _session_options(dsn: str, role: str | None = None) -> str:
-    """The DSN's own ``options``, asynchronous commit as the session default and, with ``role``,
-    the role every statement of the session runs as (``-c role=…``, as ``SET ROLE`` does)."""
+    """The DSN's own ``options``, asynchronous commit as the session default, custom plans and,
+    with ``role``, the role every statement of the session runs as (``-c role=…``, as ``SET
+    ROLE`` does).
+
+    ``plan_cache_mode=force_custom_plan``: a session lives as long as its process (a daemon, a
+    backfill of a year), and the plans it caches (its prepared statements, the partition state's
+    refresh in the triggers' functions) would otherwise be generic plans made once, for the
+    tables as they were then. PostgreSQL makes a cached plan anew only after an ANALYZE of its
+    tables, so where autovacuum does not run (or has not yet), a plan made on an empty ledger
+    keeps reading whole tables as they grow to a year's. A custom plan is made for each use, for
+    the tables as they are."""
     own = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
     as_role = f" -c role={role}" if role else ""
-    return f"{own} -c synchronous_commit=off{as_role}".strip()
+    return f"{own} -c synchronous_commit=off -c plan_cache_mode=force_custom_plan{as_role}".strip()
 
 
 def _lock_key(*parts: str) -> int:

@@ -74,12 +74,14 @@ FROM (
 
 
 
-def clone_partitions(dsn: str, grid: Iterable[tuple[str, str, str, str, str]]) -> dict[str, int]:
+def clone_partitions(dsn: str, grid: Iterable[tuple[str, str, str, str, str]], *,
+                     analyze: bool = True) -> dict[str, int]:
     """Give every (partition key, region, day, template key, kind) of ``grid`` a copy of the
     template partition's head checkpoints, their events and receipts, under its own key.
 
     ``kind`` is ``ok``, ``failed`` (correlate FAILED after 3 attempts, no present) or ``pending``
-    (present PENDING). Returns the row counts of the ledger afterwards.
+    (present PENDING). ``analyze`` False leaves the ledger as it grew, not vacuumed or analyzed
+    (as where autovacuum does not run). Returns the row counts of the ledger afterwards.
     """
     with psycopg.connect(dsn, autocommit=False) as conn:
         conn.execute("CREATE TEMP TABLE scale_grid (partition_key text PRIMARY KEY, region_id text, day text,"
@@ -94,7 +96,8 @@ def clone_partitions(dsn: str, grid: Iterable[tuple[str, str, str, str, str]]) -
     with psycopg.connect(dsn, autocommit=True) as conn:
         # A year's ledger has long been vacuumed; without this, autovacuum starts on the fresh rows
         # during the timings, and index-only scans find no page marked all-visible.
-        conn.execute("VACUUM (ANALYZE)")
+        if analyze:
+            conn.execute("VACUUM (ANALYZE)")
         try:
             conn.execute("CHECKPOINT")  # the clone's pages written now, not by the checkpointer mid-timing
         except psycopg.errors.InsufficientPrivilege:

@@ -182,6 +182,16 @@ class ReceiptRow:
 
 
 @dataclass(frozen=True)
+class PhaseSpan:
+    """A completed head checkpoint's time in flight: claimed (``created_at``) to committed."""
+
+    partition_key: str
+    phase: str
+    created_at: dt.datetime
+    completed_at: dt.datetime
+
+
+@dataclass(frozen=True)
 class EventRow:
     event_id: int
     partition_key: str
@@ -510,6 +520,13 @@ class LedgerViews:
             "  FROM {cp} c WHERE superseded_at IS NULL AND status = 'COMPLETED') spans GROUP BY phase")
         rows = self._read(lambda c: c.execute(query).fetchall(), what="sum phase durations")
         return {r[0]: float(r[1] or 0.0) for r in rows}
+
+    def phase_spans(self) -> list[PhaseSpan]:
+        """Every COMPLETED head checkpoint's claim and commit times, in order of commit: when each
+        partition's phases were done (the bench orders partitions by their last phase's)."""
+        return self._rows(self._q("SELECT partition_key, phase, created_at, completed_at FROM {cp} c"
+                                  " WHERE superseded_at IS NULL AND status = 'COMPLETED'"
+                                  " ORDER BY completed_at, partition_key, phase"), PhaseSpan, "read the phases' spans")
 
     def other_connections(self) -> int:
         """Sessions connected to the ledger's database now, besides the one asking."""

@@ -4,7 +4,9 @@ Each JSON file is one recorded measurement: ``title``, ``command``, ``date``, ``
 ``host``, an optional ``source``, and ``figures``, a list of rows with ``figure``, ``value``
 (a number, or a string as ``stormlake bench --all --json`` prints it), optional ``unit``,
 ``target`` (empty when the figure has none), ``met`` (true, false or null) and optional
-``detail``. The page holds the rendered tables between two markers, so the figures have one
+``detail``. A result of ``stormlake bench --month`` (``--year``) also holds ``tenths``: per
+side (``cli``, ``ui``), the seconds a partition of each tenth of the partitions in the order they
+were done, rendered as a table of their own. The page holds the rendered tables between two markers, so the figures have one
 home, the data, and the page cannot drift from it.
 
     python -m pipeline.tools.bench_table            # rewrites the tables in docs/BENCHMARKS.md
@@ -56,7 +58,28 @@ def render_entry(entry: dict[str, Any]) -> str:
         f"| {r['figure']} | {_value(r)} | {r.get('target', '')} | {MET[r.get('met')]} |"
         for r in entry["figures"]
     ]
+    if entry.get("tenths"):
+        lines += ["", *_tenths(entry["tenths"])]
     return "\n".join(lines)
+
+
+def _tenths(sides: dict[str, list[float]]) -> list[str]:
+    """The tenths of a month's (a year's) result: one row a tenth, one column a side.
+
+    Example:
+        >>> print(chr(10).join(_tenths({"cli": [0.09, 0.1], "ui": [0.1, 0.12]})))
+        | tenth | CLI s/partition | UI s/partition |
+        |---|---|---|
+        | 1 | 0.090 | 0.100 |
+        | 2 | 0.100 | 0.120 |
+    """
+    names = list(sides)
+    lines = ["| tenth | " + " | ".join(f"{n.upper()} s/partition" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for k in range(max(len(v) for v in sides.values())):
+        cells = [f"{sides[n][k]:.3f}" if k < len(sides[n]) else "" for n in names]
+        lines.append(f"| {k + 1} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render(bench_dir: Path) -> str:

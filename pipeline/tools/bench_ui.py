@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +94,23 @@ def wait_for_webserver(url: str, proc: subprocess.Popen[bytes], *, timeout_s: fl
 
 
 def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: list[str]) -> float:
-    """Start ``stormlake ui`` on a fresh home, launch the backfill, time it to the last publication."""
+    """Start ``stormlake ui`` on a fresh home with new databases, launch the backfill, time it to
+    the last publication."""
+    ledger_dsn, _ = dbs.create()
+    return ui_backfill(root, name, _child_env(root / name, landing, ledger_dsn), keys)
+
+
+def ui_backfill(root: Path, name: str, env: dict[str, str], keys: list[str], *,
+                progress: Callable[[int], None] | None = None, hang_guard_s: float = HANG_GUARD_S) -> float:
+    """Start ``stormlake ui`` with ``env`` (its home, landing zone and ledger), launch a backfill of
+    ``keys`` through GraphQL, and time it from the launch to the last of them published in the
+    ledger; ``progress`` is told the partitions published at every look. Its output goes to
+    ``root / f"{name}.log"``."""
     from assets.phases import PHASES, table_keys
     from resources.ledger import Ledger
 
-    ledger_dsn, _ = dbs.create()
-    ledger = Ledger(ledger_dsn)  # one pool for the whole poll, not a new one every look
-    env = _child_env(root / name, landing, ledger_dsn)
-    env["STORMLAKE_LANDING_SENSOR"] = "stopped"  # the UI's backfill alone, not the sensor's runs of the same files
+    ledger = Ledger(env["STORMLAKE_PG_DSN"])  # one pool for the whole poll, not a new one every look
+    env = dict(env, STORMLAKE_LANDING_SENSOR="stopped")  # the UI's backfill alone, not the sensor's runs of the same files
     port = _free_port()
     log = (root / f"{name}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",
@@ -115,11 +125,15 @@ def _ui_backfill(root: Path, name: str, landing: Path, dbs: Databases, keys: lis
         res = _gql(url, LAUNCH, {"params": params})["launchPartitionBackfill"]
         if res["__typename"] != "LaunchBackfillSuccess":
             raise RuntimeError(f"launchPartitionBackfill: {res}")
-        while _published(ledger) < len(keys):
-            if time.perf_counter() - t > HANG_GUARD_S or proc.poll() is not None:
+        while (done := _published(ledger)) < len(keys):
+            if progress is not None:
+                progress(done)
+            if time.perf_counter() - t > hang_guard_s or proc.poll() is not None:
                 raise RuntimeError(f"the UI backfill did not publish all {len(keys)} partitions (see {log.name})")
             time.sleep(0.25)
         wall = time.perf_counter() - t
+        if progress is not None:
+            progress(done)
     finally:
         ledger.close()
         stop_group(proc)

@@ -305,6 +305,36 @@ def test_an_older_table_gets_the_lakes_properties_at_its_first_write(tmp_path: P
         assert got == f"interval {minutes} minutes" == lk.configuration["delta.logRetentionDuration"]
 
 
+def test_a_write_records_its_row_count_and_no_column_statistics(tmp_path: Path) -> None:
+    """A commit's cost grows with the statistics of every live file of the table: the lake's data
+    files carry their row count only, which the row count and the pinned reads need, and an older
+    table (made with every column's statistics) gets the property at a process's first write."""
+    from deltalake import DeltaTable, write_deltalake
+
+    uri = str(tmp_path / "lake" / "weather_raw")
+    write_deltalake(uri, _rows("pine_belt", "2026-09-01", 4, 1.0), partition_by=PARTITION_COLUMNS)  # an older table
+    old_add = next(a for a in _log_actions(uri, 0) if "add" in a)["add"]
+    assert json.loads(old_add["stats"])["minValues"]  # what delta-rs writes by default
+    lk = Lake(str(tmp_path / "lake"), SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+
+    res = lk.overwrite_partition("weather_raw", "gulf_coast", "2026-09-01", _rows("gulf_coast", "2026-09-01", 7, 1.0),
+                                 seq=1, first_seq=1)
+
+    assert DeltaTable(uri).metadata().configuration["delta.dataSkippingNumIndexedCols"] == "0"
+    (add,) = [a["add"] for a in _log_actions(uri, res.version) if "add" in a]
+    stats = json.loads(add["stats"])
+    assert stats["numRecords"] == 7
+    assert not stats.get("minValues") and not stats.get("maxValues") and not stats.get("nullCount")
+    assert lk.row_count("weather_raw", res.version) == 4 + 7
+    assert lk.read_partition("weather_raw", "gulf_coast", "2026-09-01", version=res.version,
+                             files=res.files).equals(_rows("gulf_coast", "2026-09-01", 7, 1.0))
+
+
+def _log_actions(uri: str, version: int) -> list[dict]:
+    path = Path(uri) / "_delta_log" / f"{version:020d}.json"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def test_at_once_keeps_the_order_and_hands_back_each_failure() -> None:
     import threading
 

@@ -356,3 +356,64 @@ def test_leases_taken_together_die_with_their_session(ledger: Ledger, pg_dsn: st
         with pytest.raises(LedgerUnavailable):
             t.__exit__(None, None, None)
     assert ledger._lease_conns == []  # the dead session is not kept
+
+
+def _partition_done(ledger: Ledger, key: str) -> None:
+    """Every phase of ``key`` claimed and completed, and its report delivered, as a run does it."""
+    day, region = key.split("|")
+    for tier, phase in enumerate(("ingest", "enrich", "correlate", "present"), start=1):
+        claim = ledger.claim(partition_key=key, region_id=region, day=day, phase=phase, input_hash="h1",
+                             schema_version=1, code_version="1", run_id="r").claim
+        ledger.complete(claim, state_hash=f"s{tier}", summary={}, tier=tier, tier_label=phase, run_id="r")
+    (receipt,) = ledger.prepare_receipts([ReceiptRequest(
+        artifact_id=f"{region}/{day}/report.html@a1", target="file", partition_key=key, region_id=region, day=day,
+        kind="report.html", content_hash="0" * 64, size_bytes=1, target_ref="/x", checkpoint_id=None)])
+    ledger.mark_delivered(receipt, {"path": "/x"})
+
+
+def _other_sessions(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND pid <> pg_backend_pid()").fetchone()[0])
+
+
+def _wait_sessions(conn: psycopg.Connection, most: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 60  # a session ending is quick; this only bounds a hang
+    while _other_sessions(conn) > most:
+        assert time.monotonic() < deadline, "the sessions did not end"
+        time.sleep(0.05)
+
+
+def test_a_session_that_lives_as_the_ledger_grows_does_not_read_its_tables_whole(pg_dsn: str) -> None:
+    """A process's ledger sessions live as long as it does (a daemon, a backfill of a year). The
+    plans they cache while the ledger is small (the partition state's refresh, prepared
+    statements) must not keep scanning whole tables once the ledger holds thousands of
+    partitions, also where no ANALYZE has run since (autovacuum off, or not yet)."""
+    from resources.ledger_fixtures import clone_partitions
+
+    ledger = Ledger(pg_dsn)
+    ledger.migrate()
+    with psycopg.connect(pg_dsn, autocommit=True) as watch:
+        try:
+            templates = [f"2026-09-{d:02d}|region_{i:02d}" for d in (1, 2) for i in range(20)]
+            for key in templates:  # more uses than PostgreSQL's before it may settle on a generic plan
+                _partition_done(ledger, key)
+            live = _other_sessions(watch)
+            grid = [(f"{day}|region_{i:02d}", f"region_{i:02d}", day, templates[i % len(templates)], "ok")
+                    for day in (f"2026-{m:02d}-{d:02d}" for m in (10, 11) for d in range(1, 29)) for i in range(50)]
+            clone_partitions(pg_dsn, grid, analyze=False)  # the ledger grows under the live sessions
+            _wait_sessions(watch, live)  # the clone's own sessions have ended, their counts published
+            watch.execute("SELECT pg_stat_reset()")
+
+            _partition_done(ledger, "2026-12-01|region_00")  # on the sessions that cached their plans
+
+            ledger.close()
+            _wait_sessions(watch, 0)  # a session's counts are published when it ends
+            watch.execute("SELECT pg_stat_clear_snapshot()")
+            read = watch.execute("SELECT relname, seq_tup_read FROM pg_stat_user_tables WHERE relname IN"
+                                 " ('checkpoints', 'partition_state', 'receipts')").fetchall()
+        finally:
+            ledger.close()
+    # One partition's work reads no table of the ledger whole (each holds a row or more a partition).
+    assert sum(n for _, n in read) < len(grid), read
