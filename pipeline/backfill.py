@@ -206,18 +206,21 @@ class Daemon:
         return self.proc is not None
 
     def stop(self) -> None:
-        """Stop the daemon started here and what is left of its session (its code server)."""
+        """Stop the daemon started here (it stops its code server); a daemon that does not stop in
+        time goes with what is left of its session. Runs in progress are Dagster's: a run outlives
+        the daemon that launched it."""
         self.cancel()
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 proc.wait(DAEMON_STOP_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         with contextlib.suppress(OSError):
             self.lock_file.write_text("stopped\n")  # its heartbeats end here
 
