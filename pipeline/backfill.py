@@ -264,22 +264,39 @@ class Watch:
         self.start = time.monotonic()
         self.in_progress = 0
         self.left: list[PartitionRun] = []  # the keys not terminal at the last poll, as they stood
+        self.failed_runs: list[dg.DagsterRun] = []
         self.ended_at: float | None = None
 
-    def runs(self) -> tuple[int, bool, bool]:
-        """(runs of the backfill queued or in progress, whether a failed one will be retried, whether
-        an outbox sensor run is in progress)."""
+    def runs(self) -> tuple[int, int, bool, bool]:
+        """(runs of the backfill, those queued or in progress, whether a failed one will be retried,
+        whether an outbox sensor run is in progress)."""
         import dagster as dg
 
         going = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
                  dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
         records = self.instance.get_run_records(filters=dg.RunsFilter(tags={BACKFILL_TAG: self.backfill_id}))
+        self.failed_runs = [r.dagster_run for r in records if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
         in_progress = sum(r.dagster_run.status in going for r in records)
         retry = any(r.dagster_run.status == dg.DagsterRunStatus.FAILURE and r.dagster_run.tags.get(WILL_RETRY_TAG) == "true"
                     and not r.dagster_run.tags.get(AUTO_RETRY_TAG) for r in records)
         outbox = bool(self.instance.get_run_records(
             filters=dg.RunsFilter(tags={LAUNCHED_BY: "outbox_sensor"}, statuses=going), limit=1))
-        return in_progress, retry, outbox
+        return len(records), in_progress, retry, outbox
+
+    def failed_run_of(self, key: str) -> str | None:
+        """The id of a failed run of the backfill that covered ``key`` (its error is the run's, not
+        the ledger's: the run failed before the phase recorded an attempt)."""
+        import dagster as dg
+
+        from assets.partitions import PARTITIONS
+        from resources.keys import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+
+        for run in self.failed_runs:
+            start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
+            if run.tags.get(PARTITION_TAG) == key or (start and end and key in PARTITIONS.get_partition_keys_in_range(
+                    dg.PartitionKeyRange(start, end))):
+                return run.run_id
+        return None
 
     def partition(self, key: str, heads: dict[tuple[str, str], Checkpoint], events: dict[tuple[str, str], str],
                   *, settled: bool, ended: bool) -> tuple[PartitionRun, bool]:
@@ -315,14 +332,16 @@ class Watch:
         left are in :attr:`left`)."""
         from resources import dagster_compat
 
-        in_progress, retry, outbox = self.runs()
+        made, in_progress, retry, outbox = self.runs()
         if in_progress != self.in_progress:
             self.in_progress = in_progress
             progress.starting(f"{in_progress} run{'s' if in_progress != 1 else ''} of backfill {self.backfill_id}"
                               " in progress")
         status = dagster_compat.backfill_status(self.instance, self.backfill_id)
-        settled = not (in_progress or retry)
-        ended = settled and status is not None and status[1] and not outbox
+        finished = status is not None and status[1]
+        # Settled: the backfill's runs are made (or it is finished) and none is going or to be retried.
+        settled = bool(made or finished) and not (in_progress or retry)
+        ended = settled and finished and not outbox
         heads = {(cp.partition_key, cp.phase): cp for cp in self.ledger.heads(self.pending)}
         events = {(e.partition_key, e.phase): e.status for e in self.views.latest_events(self.pending, self.mark)}
         self.left = []

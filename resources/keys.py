@@ -41,6 +41,7 @@ FAILED_PARTITIONS_TAG = "stormlake/failed_partitions"
 PARENT_RUN_TAG = "dagster/parent_run_id"
 #: The backfill a run belongs to, and on a failed run that the daemon will retry it (run retries).
 BACKFILL_TAG = "dagster/backfill"
+PARTITION_TAG = "dagster/partition"  # the one partition of a run that is no key range
 WILL_RETRY_TAG = "dagster/will_retry"
 AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
