@@ -60,9 +60,7 @@ def prepare_process() -> None:
       all of them again. Objects made afterwards are collected as usual.
 
     A process that was prepared once is left as it is, so the partitions' own objects are never
-    frozen. A flag says so, not ``gc.get_freeze_count()``: that walks every frozen object, which
-    in a run forked from a warm process (``pipeline.launcher``) costs tens of milliseconds and
-    copies every page of the shared heap.
+    frozen. A flag says so, not ``gc.get_freeze_count()``, which walks every frozen object.
     """
     global _prepared
     if not _prepared:
@@ -110,6 +108,14 @@ def _recorded_files(cp: Checkpoint | None) -> dict[str, tuple[str, str]]:
 
 class DeadLettered(StormlakeError):
     """The phase failed too often on the same inputs; it waits for ``stormlake release``."""
+
+
+def dead_letter_line(head: Checkpoint) -> str:
+    """The one line that says a (partition, phase) is dead-lettered: its last error, what to run."""
+    last = (head.error_message or "").splitlines()[0] if head.error_message else ""
+    return (f"{head.phase} of {head.partition_key} is dead-lettered after {head.failures} failures on these inputs"
+            f" (last: {head.error_class}: {last}); fix the cause, then `stormlake release {head.partition_key}"
+            " --reason TEXT`")
 
 
 @dataclass(frozen=True)
@@ -938,10 +944,7 @@ class PhaseRunner:
         """No attempt on inputs that failed :attr:`dead_letter_after` times: they wait for a person."""
         if head is None or head.input_hash != ih or head.status != "FAILED" or head.failures < self.dead_letter_after:
             return
-        raise DeadLettered(
-            f"{phase.name} of {part.key} is dead-lettered after {head.failures} failures on these inputs"
-            f" (last: {head.error_class}: {(head.error_message or '').splitlines()[0] if head.error_message else ''});"
-            f" fix the cause, then `stormlake release {part.key} --reason TEXT`")
+        raise DeadLettered(dead_letter_line(head))
 
     def _record_failure(self, claim: Claim, exc: BaseException) -> None:
         if isinstance(exc, LedgerUnavailable):

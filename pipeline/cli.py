@@ -218,9 +218,9 @@ def _as_of(text: str | None) -> dt.datetime | None:
 
 
 def _run(settings: Settings, keys: list[str], workers: int | None = None, force=None) -> list:  # noqa: ANN001
-    """Run the partitions: those whose every phase would skip are reported by the preflight
-    (:mod:`pipeline.preflight`, no Dagster), the others go through Dagster. Each block of those is
-    looked at again just before its run (another process may have moved it on meanwhile)."""
+    """Run the partitions through one Dagster backfill (:mod:`pipeline.backfill`), with a progress
+    display; each partition's outcome. The lines it has to say go to stderr after the display."""
+    from pipeline.backfill import run_backfill
     from pipeline.progress import Progress
     from resources.landing import Landing
 
@@ -231,28 +231,14 @@ def _run(settings: Settings, keys: list[str], workers: int | None = None, force=
                               " or write a scenario with `stormlake generate`)")
         print(f"no partitions selected (the landing zone {settings.landing} has no matching <region>/<day>/ folders)")
         return []
-    workers = workers or settings.workers
-    sys.stderr.write(f"running {len(keys)} partitions through Dagster (instance {os.environ['DAGSTER_HOME']}"
-                     f"{f', up to {workers} processes' if workers > 1 else ''})\n")
     progress = Progress(len(keys))
-    done: list = []
-    if force is None:  # a forced re-run has work in every partition
-        from pipeline.preflight import light_runner, sort_out
-
-        def skipped(run) -> None:  # noqa: ANN001 - a pipeline.preflight.PartitionRun
-            done.append(run)
-            progress.finished(run)
-
-        keys = list(sort_out(light_runner(settings), keys, on_done=skipped))
-    if not keys:
+    try:
+        runs, lines = run_backfill(settings, keys, workers=workers, force=force, progress=progress)
+    finally:
         progress.close()
-        return done
-    from pipeline.orchestrate import run_partitions_in_workers
-
-    runs = run_partitions_in_workers(keys, workers=workers, on_start=progress.starting, on_result=progress.finished,
-                                     force=force)
-    progress.close()
-    return done + runs
+    for line in lines:
+        print(line, file=sys.stderr)
+    return runs
 
 
 def _force(args: argparse.Namespace):  # -> assets.runner.Force | None
@@ -280,10 +266,8 @@ def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{len(runs) - len(failed)}/{len(runs)} partitions succeeded; {computed} phases computed, "
           f"{delivered} artifact deliveries")
     for r in failed:
-        print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
-    if len(runs) < len(keys):
-        print(f"stormlake: stopped after {len(runs)} of {len(keys)} partitions because the ledger is unreachable;"
-              " run the same command again when PostgreSQL is back", file=sys.stderr)
+        if r.error:
+            print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
     return 1 if failed or rejected else 0
 
 
@@ -306,7 +290,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     delivered = sum(len(r.delivered) for r in runs)
     if failed or rejected:
         for r in failed:
-            print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+            if r.error:
+                print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
         return 1
     if computed == 0 and delivered == 0:
         print(f"nothing to do: all {len(runs)} partitions were already published; no phase ran, nothing delivered")
@@ -402,7 +387,7 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{args.key} had no dead-lettered, failed or held phase; the release is recorded")
         return 0
     # A held batch: deliver it now, exactly once, through the same run as a backfill of the key.
-    runs = _run(settings, [args.key], 1, None)
+    runs = _run(settings, [args.key])
     delivered = sum(len(r.delivered) for r in runs)
     failed = [r for r in runs if not r.ok]
     for r in failed:
@@ -691,11 +676,9 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     _prepare(settings)
     # The code location resolves the same settings in whatever folder dg dev's processes run.
     env = dict(os.environ, STORMLAKE_HOME=str(settings.home))
-    # The same location name as workspace.yaml and [tool.dg.project] ("stormlake"): Dagster keys
-    # sensor and schedule state by it, so the UI started either way shares that state.
-    workspace = Path(env["DAGSTER_HOME"]) / "workspace.yaml"
-    workspace.write_text("load_from:\n  - python_module:\n      module_name: pipeline.definitions\n"
-                         "      location_name: stormlake\n")
+    from pipeline.backfill import write_workspace
+
+    workspace = write_workspace(Path(env["DAGSTER_HOME"]))
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:
@@ -771,7 +754,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
                    help="recompute PHASE and every later phase even when nothing changed (needs --reason)")
     b.add_argument("--reason", default=None, help="why the batches are re-run (recorded in the ledger)")
     b.add_argument("--workers", type=_positive, default=None, metavar="N",
-                   help="processes running key ranges at once (default STORMLAKE_WORKERS: the number of cores)")
+                   help="runs at once, for the daemon this backfill starts (default STORMLAKE_WORKERS: the number"
+                        " of cores; a live daemon keeps the instance's limit)")
     b.set_defaults(fn=cmd_backfill)
     u = sub.add_parser("ui", help="dg dev (Dagster webserver and daemon) on this instance")
     u.add_argument("--port", type=int, default=3000)

@@ -14,13 +14,10 @@ Run, event-log and schedule storage live on the same PostgreSQL server as the le
 
 A database of Dagster's own appears whole or not at all (:func:`ensure_dagster_storage`).
 
-Runs are queued (at most ``MAX_CONCURRENT_RUNS`` at once, at most ``STORMLAKE_WORKERS`` of them
-from backfills: the same number of processes a CLI backfill runs at once), and runs whose
-worker crashed are retried (safe: every phase is idempotent). A run that failed in a step is
-not retried by the daemon (transient step errors already have the assets' retry policy, and a
-failed grader or bad input would only fail again), except a key range run whose phase failed
-for some of its partitions only: its step asks for a retry, which the run coordinator turns
-into runs over the range's other partitions (``pipeline.range_runs``).
+Every run waits in Dagster's run queue, at most ``STORMLAKE_WORKERS`` at once, and the daemon
+launches it with Dagster's default run launcher. Runs whose process crashed are retried (safe:
+every phase is idempotent); a run that failed in a step is not (transient step errors already
+have the assets' retry policy, and a failed grader or bad input would only fail again).
 
 Dagster's own CLI finds this instance through ``DAGSTER_HOME``. ``dg dev``, ``dg launch``, ``dg
 check defs``, ``dg list defs`` (and ``dagster ...``) read the ``.env`` of the folder they run in
@@ -49,12 +46,10 @@ from resources.logins import Logins, resolve_logins
 from resources.pgserver import hold_advisory_lock, with_database
 from resources.settings import Settings
 
-MAX_CONCURRENT_RUNS = 4
 DEQUEUE_INTERVAL_S = 1
 #: How often run monitoring looks for runs whose worker died (Dagster's default: 120 s); with the
 #: outbox sensor's interval it bounds how long a partition stopped by a dead run waits.
 RUN_MONITORING_POLL_S = 30
-POOL_LIMIT = 2
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DOTENV_MARK = "# written by stormlake"
@@ -84,27 +79,24 @@ def sqlalchemy_url(dsn: str) -> str:
 def dagster_yaml(url_literal: str | None, *, workers: int = 2) -> str:
     """The instance config; ``url_literal`` None means the URL is read from $STORMLAKE_DAGSTER_PG_URL.
 
-    ``workers`` (``STORMLAKE_WORKERS``) runs of backfills at once, as many as a CLI backfill's
-    processes; the queue takes at least ``MAX_CONCURRENT_RUNS`` runs in all.
+    ``workers`` (``STORMLAKE_WORKERS``, or ``stormlake backfill --workers N`` for the daemon a
+    backfill starts) is the run queue's limit: runs at once, whoever launched them.
     """
     url = f'"{url_literal}"' if url_literal else f"\n      env: {DAGSTER_URL_ENV}"
     return f"""# Written by stormlake; run `stormlake ui` or any stormlake command to refresh it.
-# The run coordinator is Dagster's queued one (`concurrency` sets its limits), looking at the
-# queue every second (Dagster's default, 5 s, leaves a backfill's next run waiting that long
-# after each run ends). Runs start in a fork of a process with the code location loaded, not in
-# a fresh interpreter (pipeline/launcher.py).
+# Every run waits in Dagster's run queue (QueuedRunCoordinator), which the daemon looks at every
+# second (Dagster's default, 5 s, leaves a backfill's next run waiting that long after each run
+# ends) and launches with Dagster's default run launcher, a process of its own per run.
+# max_concurrent_runs (STORMLAKE_WORKERS) is the one concurrency setting.
 run_coordinator:
-  module: pipeline.launcher
-  class: StormlakeRunCoordinator
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
   config:
     dequeue_interval_seconds: {DEQUEUE_INTERVAL_S}
-run_launcher:
-  module: pipeline.launcher
-  class: WarmRunLauncher
 backfills:
   use_threads: true
   num_workers: 2
-  num_submit_workers: {max(2, workers)}
+  num_submit_workers: 2
 auto_materialize:
   minimum_interval_seconds: 30
 storage:
@@ -112,12 +104,7 @@ storage:
     postgres_url: {url}
 concurrency:
   runs:
-    max_concurrent_runs: {max(MAX_CONCURRENT_RUNS, workers)}
-    tag_concurrency_limits:
-      - key: dagster/backfill
-        limit: {workers}
-  pools:
-    default_limit: {POOL_LIMIT}
+    max_concurrent_runs: {workers}
 run_retries:
   enabled: true
   max_retries: 2

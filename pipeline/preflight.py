@@ -1,44 +1,19 @@
-"""The CLI's preflight, before Dagster: which selected partitions have work at all.
+"""The ledger's check before Dagster: whether every selected partition is current through present.
 
 A partition whose every phase would skip (the ledger's head checkpoints are current for its
-inputs, as :meth:`assets.runner.PhaseRunner.current_heads` decides) is reported done here, with
-its skips recorded, and needs no Dagster run. Only the partitions left go on to Dagster
-(:mod:`pipeline.orchestrate`). This module imports neither Dagster nor the code location, so a
-rerun of published partitions never pays for them: importing Dagster, preparing its instance
-(its storage modules and a connection) and loading the definitions with the phases' libraries
-was most of a rerun's time.
+inputs, as :meth:`assets.runner.PhaseRunner.current_heads` decides) needs no run. When that holds
+for the whole selection, ``stormlake backfill`` records the skips (as a run would) and says
+"nothing to do" without a backfill; otherwise the whole selection goes to Dagster as one backfill
+(:mod:`pipeline.backfill`), where each phase asks the ledger again. This module imports neither
+Dagster nor the code location, so a re-run of published partitions never pays for them.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from assets.context import PartitionRef
 from assets.phases import PHASES
 from assets.runner import PhaseRunner
-from resources.errors import DB_DOWN_CLASSES
-from resources.ledger import Checkpoint
 from resources.settings import Settings, load_regions
-
-
-@dataclass
-class PartitionRun:
-    """What a CLI run reports for one partition: each phase's outcome, its deliveries, its error."""
-
-    key: str
-    ok: bool
-    run_id: str
-    seconds: float
-    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
-    delivered: list[str] = field(default_factory=list)
-    error: str | None = None
-    error_class: str | None = None
-
-    @property
-    def ledger_down(self) -> bool:
-        return self.error_class in DB_DOWN_CLASSES
 
 
 def light_runner(settings: Settings) -> PhaseRunner:
@@ -64,23 +39,14 @@ def light_runner(settings: Settings) -> PhaseRunner:
     )
 
 
-def sort_out(runner: PhaseRunner, keys: list[str], *, keep: int = len(PHASES),
-             on_done: Callable[[PartitionRun], None] | None = None) -> dict[str, list[Checkpoint]]:
-    """The keys with work, in their order, each with the heads of its leading phases that would
-    skip (at most ``keep`` of them: a forced re-run keeps only the phases before its own).
-
-    A partition whose every phase would skip has its skips recorded (as a run of it would) and is
-    reported through ``on_done`` instead.
-    """
-    todo: dict[str, list[Checkpoint]] = {}
+def all_current(runner: PhaseRunner, keys: list[str]) -> bool:
+    """Whether every phase of every key would skip; if so, their skips are recorded (as a run of
+    them would record them). Stops looking at the first key with work."""
+    heads = []
     for key in keys:
-        start = time.monotonic()
-        current = runner.current_heads(PartitionRef.parse(key, runner.regions))[:keep]
+        current = runner.current_heads(PartitionRef.parse(key, runner.regions))
         if len(current) < len(PHASES):
-            todo[key] = current
-            continue
-        runner.record_skips(current)
-        if on_done:
-            on_done(PartitionRun(key=key, ok=True, run_id="", seconds=time.monotonic() - start,
-                                 phases={p.name: "SKIPPED" for p in PHASES}))
-    return todo
+            return False
+        heads.extend(current)
+    runner.record_skips(heads)
+    return True

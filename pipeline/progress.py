@@ -1,16 +1,26 @@
-"""The CLI's progress display: one line per finished partition (what the runs report,
-:class:`pipeline.preflight.PartitionRun`), a bar redrawn in place on a TTY."""
+"""The CLI's progress display: one line per finished partition (:class:`PartitionRun`), a bar
+redrawn in place on a TTY."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from assets.phases import PHASES
 
-if TYPE_CHECKING:
-    from pipeline.preflight import PartitionRun
+
+@dataclass
+class PartitionRun:
+    """What a backfill reports for one partition: each phase's outcome, its deliveries, its error."""
+
+    key: str
+    ok: bool
+    seconds: float
+    phases: dict[str, str] = field(default_factory=dict)  # phase -> COMPLETED | SKIPPED | FAILED
+    delivered: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_class: str | None = None
 
 
 class Progress:
@@ -30,9 +40,9 @@ class Progress:
         filled = int(width * self.done / max(self.total, 1))
         return "[" + "#" * filled + "." * (width - filled) + f"] {self.done}/{self.total}"
 
-    def starting(self, key: str) -> None:
+    def starting(self, what: str) -> None:
         if self.tty:
-            self.stream.write(f"\r{self._bar()} running {key} ...\033[K")
+            self.stream.write(f"\r{self._bar()} {what} ...\033[K")
             self.stream.flush()
 
     def finished(self, run: PartitionRun) -> None:

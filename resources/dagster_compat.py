@@ -10,6 +10,12 @@ why stormlake needs it and names the upstream issue or pull request it waits for
 - :func:`data_version_tag`: the tag an observation of ``landing_files`` made outside an
   observation function carries its data version under (no parameter on ``dg.AssetObservation``;
   the REST endpoint has one, dagster-io/dagster#33919).
+- :func:`launch_backfill`: an asset backfill of exactly the selected partitions, added to the
+  instance for its daemon (``PartitionBackfill``, ``Definitions.resolve_asset_graph``,
+  ``DagsterInstance.add_backfill``; the public route is GraphQL's ``launchPartitionBackfill``,
+  which needs a webserver; a Python API was proposed in dagster-io/dagster#26731).
+- :func:`backfill_status`: whether the backfill daemon is done with a backfill
+  (``DagsterInstance.get_backfill``; the public route is GraphQL's ``partitionBackfillOrError``).
 
 ``tests/integration/test_dagster_compat.py`` checks each of them against a real instance on
 PostgreSQL and names the symbol that moved when a Dagster upgrade breaks one: after an upgrade,
@@ -19,7 +25,7 @@ run that test first. The module depends on Dagster only, so every floor may impo
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Dagster is imported inside the functions: importing this module costs nothing to a command
 # that never builds a Dagster instance.
@@ -49,149 +55,43 @@ def data_version_tag() -> str:
     return DATA_VERSION_TAG
 
 
-def step_error_wrappers() -> frozenset[str]:
-    """Class names Dagster wraps a step's own exception in.
+def launch_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, asset_keys: Iterable[dg.AssetKey],
+                    partition_keys: Iterable[str], *, tags: dict[str, str], title: str) -> str:
+    """Add an asset backfill of ``asset_keys`` for exactly ``partition_keys`` to the instance; its id.
 
-    A step failure event carries a ``SerializableErrorInfo`` (class names, not classes), so the
-    CLI unwraps by name down to the error the phase raised. ``RetryRequestedFromPolicy`` (what
-    an exhausted retry policy leaves, ``dagster._core.execution.plan.utils``) is not exported;
-    the other two are public classes, named here so that the set stays whole.
+    The backfill is Dagster's own: the backfill daemon cuts it into runs by the assets' backfill
+    policy, the run queue launches them, and the UI lists it (Overview, Backfills) with its runs,
+    each carrying ``tags`` and ``dagster/backfill=<id>``. Dagster 1.13 has no public route to
+    create one from Python: the public route is the GraphQL mutation ``launchPartitionBackfill``,
+    which needs a running webserver. What that mutation does is done here:
+    ``PartitionBackfill.from_asset_partitions`` (``dagster._core.execution.backfill``, not
+    exported) over the code location's asset graph (``Definitions.resolve_asset_graph``, not
+    public), then ``DagsterInstance.add_backfill`` (not public). The id has the shape of
+    Dagster's own (eight lowercase letters). Upstream: a Python API for launching asset
+    backfills, dagster-io/dagster#26731.
     """
-    import dagster as dg
-    from dagster._core.execution.plan.utils import RetryRequestedFromPolicy
+    import random
+    import string
+    import time
 
-    return frozenset({dg.DagsterExecutionStepExecutionError.__name__, dg.RetryRequested.__name__,
-                      RetryRequestedFromPolicy.__name__})
+    from dagster._core.execution.backfill import PartitionBackfill
 
-
-def fail_dead_run(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> None:
-    """Mark a run whose process died as failed and free the concurrency-pool slots it held.
-
-    A run executed in process by a CLI that was killed stays STARTED and keeps its pool slots.
-    Dagster's run monitoring does this for runs the daemon launched (and frees slots only with
-    ``free_slots_after_run_end_seconds``, in the daemon); nothing public does it for a run
-    executed in process, and the CLI must not depend on a daemon running. The GraphQL
-    ``terminateRun`` mutation needs a webserver and marks the run CANCELED, not failed.
-    ``DagsterInstance.report_run_failed`` and ``EventLogStorage.free_concurrency_slots_for_run``
-    are not public.
-    """
-    instance.report_run_failed(run, message)
-    instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+    backfill_id = "".join(random.choices(string.ascii_lowercase, k=8))
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id=backfill_id, asset_graph=defs.resolve_asset_graph(), partition_names=list(partition_keys),
+        asset_selection=list(asset_keys), backfill_timestamp=time.time(), tags=dict(tags),
+        dynamic_partitions_store=instance, all_partitions=False, title=title, description=None, run_config=None)
+    instance.add_backfill(backfill)
+    return backfill_id
 
 
-def pool_storage_connections(instance: dg.DagsterInstance, *, max_overflow: int) -> None:
-    """Keep a small pool of connections to Dagster's storage in this process.
-
-    dagster-postgres opens a new connection for every storage call (``NullPool``); a CLI
-    process that runs many runs back to back pays that on each event. The webserver keeps a
-    pool through ``DagsterInstance.optimize_for_webserver`` (exposed publicly only as the
-    ``--db-pool-*`` options of ``dagster-webserver``/``dg dev``); no public API does it for any
-    other process. No statement timeout (0): a phase's storage calls may wait on the pools.
-    """
-    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=max_overflow)
-
-
-def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
-    """Execute a run the queue launched, in this process, as ``dagster api execute_run`` does.
-
-    stormlake's run launcher (``pipeline.launcher.WarmRunLauncher``) forks a process that has
-    Dagster and the code location imported already, instead of starting a fresh interpreter per
-    run; the forked process then does exactly what Dagster's own run worker does: it reports
-    the process as started, executes the run (``core_execute_run``, which records STARTED,
-    SUCCESS or FAILURE), and stops the run's cancellation and metrics threads.
-    ``dagster._cli.api._execute_run_command_body`` is that body; the public route to it is the
-    ``dagster api execute_run`` command, which is the fresh interpreter this avoids. Returns 0,
-    or 1 when the run failed.
-    """
-    from dagster._cli.api import _execute_run_command_body
-
-    return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
-
-
-def run_snapshots(instance: dg.DagsterInstance, run: dg.DagsterRun) -> tuple[Any, Any]:
-    """The run's stored execution plan and job snapshots (None where it has none), read once for
-    everything made from one run (:func:`copy_run`, :func:`replan_in_failed_run`)."""
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
-    job = instance.get_job_snapshot(run.job_snapshot_id) if run.job_snapshot_id else None
-    return plan, job
-
-
-def replan_in_failed_run(instance: dg.DagsterInstance, failed_run_id: str, retry: dg.DagsterRun,
-                         keys: Iterable[str], *, plan: Any = None) -> int:
-    """Plan ``keys`` again in the run that failed them, for every asset ``retry`` plans; how many
-    planned events that wrote. ``plan``: the retry's execution plan snapshot, when already read.
-
-    Dagster's UI tells a partition's status by its latest planned materialization: failed when
-    that run failed, in progress while it runs, nothing once it succeeded without materializing
-    it. Dagster's automatic retry of a failed key range run plans the whole range when it is
-    created, the failed partitions too; stormlake's run coordinator then takes them out of it
-    (``pipeline.range_runs``). Once the retry succeeded, the failed partitions read as never
-    run. Written again in the failed run (the run that did plan them and failed them), its plan
-    is the latest and they read as failed, as they are in the ledger. The events are Dagster's
-    own planned materializations, one per asset and partition, built as Dagster builds them
-    (``DagsterEvent.build_asset_materialization_planned_event``, not exported), and handed over
-    as one batch, as Dagster hands over a new run's.
-    """
-    from dagster._core.events import (
-        AssetMaterializationPlannedData,
-        DagsterEvent,
-        DagsterEventBatchMetadata,
-        generate_event_batch_id,
-    )
-
-    plan = plan if plan is not None else run_snapshots(instance, retry)[0]
-    if plan is None:
-        return 0
-    events = [DagsterEvent.build_asset_materialization_planned_event(
-                  retry.job_name, step.key, AssetMaterializationPlannedData(output.properties.asset_key, partition=key))
-              for step in plan.steps if step.key in plan.step_keys_to_execute
-              for output in step.outputs if output.properties and output.properties.asset_key
-              for key in keys]
-    batch = generate_event_batch_id()
-    for i, event in enumerate(events):
-        instance.report_dagster_event(event, failed_run_id,
-                                      batch_metadata=DagsterEventBatchMetadata(batch, i == len(events) - 1))
-    return len(events)
-
-
-def copy_run(instance: dg.DagsterInstance, workspace: object, run: dg.DagsterRun, tags: dict[str, str], *,
-             snapshots: tuple[Any, Any] | None = None) -> dg.DagsterRun:
-    """A new run (NOT_STARTED) like ``run``, with ``tags``: same job, selection, steps, snapshots,
-    origins, parent and root run, run config. ``snapshots``: :func:`run_snapshots` of ``run``,
-    when already read.
-
-    stormlake's run coordinator cuts a queued key range run into several (``pipeline.range_runs``)
-    when it reaches the queue: Dagster's public ways to make a run (a ``RunRequest``, a
-    re-execution, ``execute_in_process``) start from a code location or from the job's
-    definition, neither of which the coordinator holds. ``DagsterInstance.create_run`` with the
-    stored snapshots makes the run as the backfill daemon made the original: it writes the
-    planned materializations of the copy's own range, which a backfill reads to tell which
-    partitions a failed run left unmaterialized. ``workspace`` is the submitting request
-    context (``SubmitRunContext.workspace``), whose asset graph the planned events are resolved
-    against. ``tests/e2e/test_dagster_ui.py`` (a bad partition of a UI range) runs it in a real
-    daemon.
-    """
-    import dagster as dg
-
-    plan, job = snapshots if snapshots is not None else run_snapshots(instance, run)
-    return instance.create_run(
-        job_name=run.job_name,
-        run_id=None,
-        run_config=run.run_config,
-        status=dg.DagsterRunStatus.NOT_STARTED,
-        tags=tags,
-        root_run_id=run.root_run_id,
-        parent_run_id=run.parent_run_id,
-        step_keys_to_execute=run.step_keys_to_execute,
-        execution_plan_snapshot=plan,
-        job_snapshot=job,
-        parent_job_snapshot=None,
-        asset_selection=run.asset_selection,
-        asset_check_selection=run.asset_check_selection,
-        resolved_op_selection=run.resolved_op_selection,
-        op_selection=run.op_selection,
-        remote_job_origin=run.remote_job_origin,
-        job_code_origin=run.job_code_origin,
-        asset_graph=workspace.asset_graph,  # type: ignore[attr-defined]
-    )
-
+def backfill_status(instance: dg.DagsterInstance, backfill_id: str) -> tuple[str, bool] | None:
+    """``(status, finished)`` of the backfill ``backfill_id`` (None when the instance has none):
+    Dagster's status name (``REQUESTED``, ``COMPLETED_SUCCESS``, ``COMPLETED_FAILED``,
+    ``CANCELED``, ...) and whether the backfill daemon is done with it. ``instance.get_backfill``
+    is not public; the public route is the GraphQL query ``partitionBackfillOrError``, which needs
+    a running webserver (upstream: dagster-io/dagster#26731)."""
+    backfill = instance.get_backfill(backfill_id)
+    if backfill is None:
+        return None
+    return backfill.status.value, backfill.status.value not in ("REQUESTED", "CANCELING", "FAILING")

@@ -25,22 +25,13 @@ def split_partition_key(key: str) -> tuple[str, str]:
 #: The run tag that says who launched a run (the CLI, the schedule, a sensor).
 LAUNCHED_BY = "stormlake/launched_by"
 
-#: The process running a run and its host: a run executed in a process that died is failed by the
-#: process that finds it so (its pid and the process's start time, :mod:`resources.processes`).
-PID_TAG = "stormlake/pid"
-PID_STARTED_TAG = "stormlake/pid_started"
-HOST_TAG = "stormlake/host"
-
 #: A forced re-run (``stormlake backfill --from PHASE --reason TEXT``, or these tags on any run):
 #: the phase recomputed from, why, who asked, and the id the ledger records it under.
 FROM_TAG, REASON_TAG, BY_TAG, FORCE_ID_TAG = "stormlake/from", "stormlake/reason", "stormlake/by", "stormlake/force_id"
 
-#: The copies a cut range run was given (a JSON list of run ids), on the run itself.
-COPIES_TAG = "stormlake/range_copies"
-
 #: The run tag under which a queued range run whose phase failed for some of its partitions
 #: names them (a JSON list of keys), for the runs Dagster's retry of it becomes
-#: (``pipeline.range_runs``).
+#: (``assets.materialize``).
 FAILED_PARTITIONS_TAG = "stormlake/failed_partitions"
 
 
@@ -48,6 +39,10 @@ FAILED_PARTITIONS_TAG = "stormlake/failed_partitions"
 #: retries): the run a re-execution re-executes, the automatic retry a failed run got, whether
 #: a run is retried when a step fails, and how many runs its run group may count.
 PARENT_RUN_TAG = "dagster/parent_run_id"
+#: The backfill a run belongs to, and on a failed run that the daemon will retry it (run retries).
+BACKFILL_TAG = "dagster/backfill"
+PARTITION_TAG = "dagster/partition"  # the one partition of a run that is no key range
+WILL_RETRY_TAG = "dagster/will_retry"
 AUTO_RETRY_TAG = "dagster/auto_retry_run_id"
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
 MAX_RETRIES_TAG = "dagster/max_retries"

@@ -506,6 +506,14 @@ class LedgerViews:
                                 what="read the newest event of partitions")
         return {r[0]: int(r[1]) for r in rows}
 
+    def latest_events(self, partition_keys: Sequence[str], after_event_id: int) -> list[EventRow]:
+        """Of each (partition, phase) of ``partition_keys``, its newest checkpoint event after
+        ``after_event_id`` (what a backfill started then has done to it so far)."""
+        query = self._q("SELECT DISTINCT ON (partition_key, phase) event_id, partition_key, phase, status, run_id, at"
+                        " FROM {ev} e WHERE partition_key = ANY(%s) AND event_id > %s"
+                        " ORDER BY partition_key, phase, event_id DESC")
+        return self._rows(query, EventRow, "read the newest events of partitions", (list(partition_keys), after_event_id))
+
     def phase_seconds(self) -> dict[str, float]:
         """phase -> seconds during which one or more of its head checkpoints was in flight (claimed,
         not yet completed): the union of their claim-to-completion spans, not their sum. A range

@@ -19,9 +19,9 @@ home ``$STORMLAKE_HOME/bench`` (wiped at the start):
     pipeline writes them; the artifacts by the same file target as the pipeline's. No Dagster
     run, no ledger.
 ``bench/pipeline-<n>``
-    (b) **pipeline**: :func:`pipeline.orchestrate.run_partitions` (the code path of
-    ``stormlake backfill``), then (c) **rerun**: the same call again over the published
-    partitions of the fastest pipeline sample (every phase skips; the preflight launches no run).
+    (b) **pipeline**: :func:`pipeline.backfill.run_backfill` (``stormlake backfill``: a Dagster
+    backfill, with a daemon started for it), then (c) **rerun**: the same call again over the
+    published partitions of the fastest pipeline sample (every phase skips: no backfill).
 ``bench/resume-<n>``
     (d) **resume**: a fresh home and database. A first run with
     ``STORMLAKE_FAULTS=correlate.mid_transform=raise`` fails every partition inside correlate
@@ -402,7 +402,7 @@ def _child_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
     import dagster as dg
 
     import pipeline.definitions  # noqa: F401  (builds the resources from the scratch environment)
-    from pipeline.orchestrate import run_partitions
+    from pipeline.backfill import run_backfill
     from pipeline.progress import Progress
 
     with dg.DagsterInstance.get():
@@ -410,7 +410,7 @@ def _child_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
     keys = spec["keys"]
     t = time.perf_counter()
     progress = Progress(len(keys))
-    runs = run_partitions(keys, on_start=progress.starting, on_result=progress.finished)
+    runs, _lines = run_backfill(settings, keys, workers=None, force=None, progress=progress)
     progress.close()
     wall = time.perf_counter() - t
     statuses: dict[str, dict[str, int]] = {}
@@ -423,7 +423,7 @@ def _child_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
         "wall_s": wall,
         "peak_rss_mb": _rss_mb(),
         "statuses": statuses,
-        "launched": sum(bool(r.run_id) for r in runs),
+        "launched": sum(any(st == "COMPLETED" for st in r.phases.values()) for r in runs),
         "errors": sorted({r.error for r in runs if r.error})[:3],
         "partition_seconds": [round(r.seconds, 3) for r in runs],
     }
@@ -945,7 +945,7 @@ def render_table(out: dict[str, Any], results: dict[str, dict[str, Any]], extra:
     lines += _turn_lines(out.get("turns") or [])
     rerun = results.get("rerun", {})
     if rerun.get("ok"):
-        lines += ["", f"rerun: {rerun.get('launched', 0)} Dagster runs launched, phases {rerun.get('statuses')}"]
+        lines += ["", f"rerun: {rerun.get('launched', 0)} partitions computed, phases {rerun.get('statuses')}"]
     return "\n".join(lines)
 
 

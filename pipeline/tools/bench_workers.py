@@ -86,9 +86,11 @@ def host_ceiling(processes: int, steps: int = CEILING_STEPS) -> dict[str, float]
     return {"one_s": round(one, 2), "many_s": round(many, 2), "speedup": round(one / many, 3)}
 
 
-#: What a backfill imports and makes before its workers fork (``pipeline.orchestrate._worker_context``).
-_START = ("import importlib\nfrom pipeline.launcher import WARM_MODULES\n"
-          "for m in WARM_MODULES:\n    importlib.import_module(m)\n"
+#: What a run's process imports and makes before its first phase: the code location and what
+#: its phases import only when they run.
+_START = ("import importlib\n"
+          "for m in ('pipeline.definitions', 'assets.materialize', 'assets.transforms.pictures',"
+          " 'assets.transforms.present', 'deltalake'):\n    importlib.import_module(m)\n"
           "import dagster_postgres\nfrom assets.transforms.present import prepare\nprepare()\n")
 #: The least of it that any backfill process pays: it runs its partitions as Dagster runs
 #: recorded in Dagster's PostgreSQL storage, so it imports both before its first run.
@@ -96,7 +98,7 @@ _FLOOR = "import dagster\nimport dagster_postgres\n"
 
 
 def _import_seconds(code: str, what: str) -> float:
-    from pipeline.launcher import PROJECT_ROOT
+    from pipeline.instance import PROJECT_ROOT
 
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True)

@@ -333,13 +333,10 @@ def _check_unreadable(env: dict[str, str], home: Path, tmp_path: Path) -> None:
     assert not (home / "published" / "gulf_coast").exists()
 
 
-def test_a_bad_partition_of_a_range_run_fails_alone_and_the_others_finish_in_ranges(tmp_path: Path, pg_dsn: str) -> None:
-    """Nine small partitions are one range run. One of them has an unreadable file: its ingest
-    fails, so the run's later steps do not run for any of them. That partition then runs alone,
-    for its own error, and the eight others in ranges without it (the rest of its day, and the
-    two other days), not one run each."""
-    import psycopg
-
+def test_a_bad_partition_of_a_range_run_fails_alone_and_the_others_finish(tmp_path: Path, pg_dsn: str) -> None:
+    """Nine small partitions, in key range runs cut by Dagster. One of them has an unreadable
+    file: its ingest fails, and that partition alone is reported failed, with its own error; the
+    eight others are published (their later phases continued within the same command)."""
     from tests.consumer import generated_landing
 
     home = tmp_path / "home"
@@ -348,10 +345,10 @@ def test_a_bad_partition_of_a_range_run_fails_alone_and_the_others_finish_in_ran
     data = bad.read_bytes()
     cut = data.index(b"\n") + 1
     bad.write_bytes(data[:cut] + b"\xff\xfe\xfd,broken\n" + data[cut:])
-    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_WORKERS="1")  # one process: the runs in order
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_WORKERS="1")
     proc = stormlake("backfill", env=env, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "8/9 partitions succeeded" in proc.stdout, proc.stdout
+    assert "8/9 partitions succeeded" in proc.stdout, (proc.stdout, proc.stderr)
     errors = [ln for ln in err_lines(proc) if ln.startswith("stormlake:")]
     assert len(errors) == 1 and "gulf_coast/2026-09-01/weather.csv" in errors[0], proc.stderr
 
@@ -359,21 +356,6 @@ def test_a_bad_partition_of_a_range_run_fails_alone_and_the_others_finish_in_ran
     tiers = {(p["day"], p["region"]): p["tier"] for p in doc["partitions"]}
     assert tiers.pop(("2026-09-01", "gulf_coast")) == 0
     assert sorted(tiers.values()) == [4] * 8, tiers
-    # The runs, each by the keys it covered: the range of nine, the bad one alone, then the rest
-    # of its day and the two other days (the same three regions on consecutive days: one range).
-    dagster_db = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"] + "_dagster"
-    with psycopg.connect(with_database(pg_dsn, dagster_db)) as conn:
-        rows = conn.execute(
-            "SELECT r.run_id, s.value, e.value, k.value FROM runs r"
-            " LEFT JOIN run_tags s ON s.run_id = r.run_id AND s.key = 'dagster/asset_partition_range_start'"
-            " LEFT JOIN run_tags e ON e.run_id = r.run_id AND e.key = 'dagster/asset_partition_range_end'"
-            " LEFT JOIN run_tags k ON k.run_id = r.run_id AND k.key = 'dagster/partition'"
-            " ORDER BY r.create_timestamp").fetchall()
-    covered = [(start, end) if start else (key, key) for _, start, end, key in rows]
-    assert covered == [("2026-09-01|gulf_coast", "2026-09-03|red_hills"),
-                       ("2026-09-01|gulf_coast", "2026-09-01|gulf_coast"),
-                       ("2026-09-01|pine_belt", "2026-09-01|red_hills"),
-                       ("2026-09-02|gulf_coast", "2026-09-03|red_hills")], covered
 
 
 # Last in the file: with ``-x`` a failure here does not hide the other CLI tests.
@@ -403,10 +385,10 @@ def test_backfill_from_a_phase_recomputes_it_and_the_later_ones_and_delivers_not
     assert published_state(home) == files  # the same bytes: nothing published again
     rows = [r for r in status_json(env, tmp_path)["partitions"] if (r["day"], r["region"]) == ("2026-09-01", "gulf_coast")]
     assert rows and rows[0]["tier"] == 4
-    # The rerun is decided by the preflight alone: the process never imports Dagster, the code
+    # The rerun is decided by the ledger alone (no backfill): the process never imports Dagster, the code
     # location or the phases' libraries (PYTHONPROFILEIMPORTTIME lists every import on stderr).
     again = stormlake(*args, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=tmp_path)
     assert "0 phases computed, 0 artifact deliveries" in again.stdout, again.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")}
     assert "assets.runner" in imported, sorted(imported)[:20]
-    assert not imported & {"dagster", "pipeline.definitions", "pipeline.orchestrate", "matplotlib"}, sorted(imported)
+    assert not imported & {"dagster", "pipeline.definitions", "matplotlib"}, sorted(imported)

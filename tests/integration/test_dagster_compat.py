@@ -11,11 +11,9 @@ import inspect
 from collections.abc import Iterator
 
 import dagster as dg
-import psycopg
 import pytest
 
 from resources import dagster_compat as compat
-from tests.dagster_jobs import one_asset_job
 
 VERSION = dg.__version__
 
@@ -28,22 +26,11 @@ def _fail(what: str, relied_on_by: str) -> str:
 # (dotted module, attribute path, parameters that must be there, compat function relying on it)
 PRIVATE = [
     ("dagster._core.definitions.data_version", "DATA_VERSION_TAG", None, "data_version_tag"),
-    ("dagster._core.execution.plan.utils", "RetryRequestedFromPolicy", None, "step_error_wrappers"),
-    ("dagster._core.instance.instance", "DagsterInstance.report_run_failed", ("dagster_run", "message"),
-     "fail_dead_run"),
-    ("dagster._core.storage.event_log.base", "EventLogStorage.free_concurrency_slots_for_run", ("run_id",),
-     "fail_dead_run"),
-    ("dagster._core.events", "DagsterEvent.build_asset_materialization_planned_event",
-     ("job_name", "step_key", "asset_materialization_planned_data"), "replan_in_failed_run"),
-    ("dagster._core.events", "AssetMaterializationPlannedData", None, "replan_in_failed_run"),
-    ("dagster._core.instance.instance", "DagsterInstance.optimize_for_webserver",
-     ("statement_timeout", "pool_recycle", "max_overflow"), "pool_storage_connections"),
-    ("dagster._core.instance.instance", "DagsterInstance.create_run",
-     ("job_name", "run_id", "run_config", "status", "tags", "root_run_id", "parent_run_id", "step_keys_to_execute",
-      "execution_plan_snapshot", "job_snapshot", "parent_job_snapshot", "asset_selection", "asset_check_selection",
-      "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph"), "copy_run"),
-    ("dagster._core.instance.instance", "DagsterInstance.get_execution_plan_snapshot", ("snapshot_id",), "copy_run"),
-    ("dagster._core.instance.instance", "DagsterInstance.get_job_snapshot", ("snapshot_id",), "copy_run"),
+    ("dagster._core.execution.backfill", "PartitionBackfill.from_asset_partitions",
+     ("backfill_id", "asset_graph", "partition_names", "asset_selection", "backfill_timestamp", "tags",
+      "dynamic_partitions_store", "all_partitions", "title", "description", "run_config"), "launch_backfill"),
+    ("dagster._core.instance.instance", "DagsterInstance.add_backfill", ("partition_backfill",), "launch_backfill"),
+    ("dagster._core.instance.instance", "DagsterInstance.get_backfill", ("backfill_id",), "backfill_status"),
 ]
 
 
@@ -146,79 +133,26 @@ def test_an_observation_reported_before_a_run_is_the_version_its_step_reads(inst
                 "before the run (assets/landing_files.py) is still right, but no longer the only way")
 
 
-def test_fail_dead_run_marks_it_failed_and_frees_its_pool_slots(instance: dg.DagsterInstance) -> None:
-    job = one_asset_job()
-    run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
-    pool = "stormlake_ingest"
-    instance.event_log_storage.set_concurrency_slots(pool, 1)
-    instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "one")
-    assert run.run_id in instance.event_log_storage.get_concurrency_info(pool).active_run_ids
+def test_launch_backfill_adds_an_asset_backfill_of_exactly_the_keys(instance: dg.DagsterInstance) -> None:
+    """The backfill ``stormlake backfill`` submits: Dagster's own asset backfill (the UI lists it,
+    the backfill daemon cuts it into runs), of the given assets and partition keys, with the tags
+    every run of it carries; REQUESTED until a daemon has done it."""
+    from assets.phases import PHASES, table_keys
+    from pipeline.definitions import defs
+    from resources.keys import partition_key
 
-    compat.fail_dead_run(instance, run, "its process died")
-    record = instance.get_run_record_by_id(run.run_id)
-    assert record is not None and record.dagster_run.status == dg.DagsterRunStatus.FAILURE, _fail(
-        f"the run is {record.dagster_run.status if record else None} after report_run_failed", "fail_dead_run")
-    failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-    assert [e.message for e in failures] == ["its process died"], _fail("the failure message is lost", "fail_dead_run")
-    assert run.run_id not in instance.event_log_storage.get_concurrency_info(pool).active_run_ids, _fail(
-        "the dead run still holds its pool slot", "fail_dead_run")
-
-
-def _idle_connections(admin_dsn: str, database: str) -> int:
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                            (database,)).fetchone()[0]
-
-
-def test_pool_storage_connections_keeps_connections_open(instance: dg.DagsterInstance, pg_admin_dsn: str) -> None:
-    import os
-
-    database = str(psycopg.conninfo.conninfo_to_dict(os.environ["STORMLAKE_TEST_DAGSTER_DSN"])["dbname"])
-    instance.get_runs(limit=1)
-    assert _idle_connections(pg_admin_dsn, database) == 0  # dagster-postgres's default: a connection per call
-    compat.pool_storage_connections(instance, max_overflow=4)
-    instance.get_runs(limit=1)
-    assert _idle_connections(pg_admin_dsn, database) >= 1, _fail(
-        "optimize_for_webserver no longer keeps a connection pool", "pool_storage_connections")
-
-
-def _range_job() -> dg.JobDefinition:
-    """Two assets written by one op over three partitions, with a check: a phase in miniature."""
-    parts = dg.StaticPartitionsDefinition(["a", "b", "c"])
-
-    @dg.multi_asset(specs=[dg.AssetSpec("t1", partitions_def=parts), dg.AssetSpec("t2", partitions_def=parts)],
-                    partitions_def=parts, can_subset=False, check_specs=[dg.AssetCheckSpec("grader", asset="t1")])
-    def phase():  # noqa: ANN202 - never executed here: the tests only create runs of it
-        yield from ()
-
-    return dg.Definitions(assets=[phase], jobs=[dg.define_asset_job("j", partitions_def=parts)]).resolve_job_def("j")
-
-
-def _run_events(dsn: str, run_id: str) -> list[tuple[str, str, str | None]]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT dagster_event_type, asset_key, partition FROM event_logs WHERE run_id = %s"
-                            " AND dagster_event_type LIKE '%%PLANNED' ORDER BY id", (run_id,)).fetchall()
-        checks = conn.execute("SELECT 'check', asset_key || check_name, partition FROM asset_check_executions"
-                              " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
-    return sorted(rows) + sorted(checks)
-
-
-def test_the_step_error_wrappers_are_what_a_failed_step_reports(instance: dg.DagsterInstance) -> None:
-    class PhaseError(Exception):
-        pass
-
-    @dg.asset(retry_policy=dg.RetryPolicy(max_retries=1))
-    def failing() -> None:
-        raise PhaseError("boom")
-
-    result = dg.materialize([failing], instance=instance, raise_on_error=False)
-    (failure,) = [e for e in result.all_events if e.is_step_failure]
-    err = failure.step_failure_data.error
-    seen = []
-    while err is not None and err.cls_name in compat.step_error_wrappers():
-        seen.append(err.cls_name)
-        err = err.cause
-    assert err is not None and err.cls_name == "PhaseError", _fail(
-        f"a failed step's error unwraps through {seen} to {err.cls_name if err else None}, not to the step's own",
-        "step_error_wrappers")
-    assert "RetryRequestedFromPolicy" in seen or "DagsterExecutionStepExecutionError" in seen
+    keys = [partition_key("2026-09-01", "gulf_coast"), partition_key("2026-09-02", "gulf_coast")]
+    assets = table_keys(PHASES[2:])
+    backfill_id = compat.launch_backfill(instance, defs, assets, keys, tags={"stormlake/launched_by": "test"}, title="t")
+    assert compat.backfill_status(instance, backfill_id) == ("REQUESTED", False), _fail(
+        "a new backfill is not REQUESTED and unfinished", "backfill_status")
+    stored = instance.get_backfill(backfill_id)
+    assert stored is not None and stored.title == "t" and stored.tags == {"stormlake/launched_by": "test"}
+    assert set(stored.asset_selection) == set(assets), _fail("the backfill's assets are not the given ones",
+                                                            "launch_backfill")
+    target = stored.asset_backfill_data.target_subset
+    for key in assets:
+        got = set(target.get_partitions_subset(key).get_partition_keys())
+        assert got == set(keys), _fail(f"the backfill targets {sorted(got)} of {key}, not the given keys",
+                                       "launch_backfill")
+    assert compat.backfill_status(instance, "nosuchid") is None

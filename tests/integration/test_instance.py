@@ -213,10 +213,9 @@ def test_who_makes_dagster_s_database_and_who_owns_it(login: Callable[[bool], st
     assert set(_dagster_tables()) <= _tables(own)
 
 
-def test_stormlake_workers_sets_the_cli_s_processes_and_the_ui_s_backfill_runs(sl_env: dict[str, str],
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """One setting for both: the CLI's default `--workers` and the instance's limit on runs of
-    backfills (what a UI backfill runs at once)."""
+def test_stormlake_workers_is_the_run_queue_s_limit(sl_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setting: the run queue's ``max_concurrent_runs``, whoever launched the runs (a CLI or UI
+    backfill, the schedule, a sensor)."""
     import dagster as dg
 
     from pipeline.instance import EVENT_BATCH_ENV, prepare_dagster_home
@@ -228,5 +227,5 @@ def test_stormlake_workers_sets_the_cli_s_processes_and_the_ui_s_backfill_runs(s
     assert settings.workers == 3
     prepare_dagster_home(settings)
     with dg.DagsterInstance.get() as instance:
-        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    assert {"key": "dagster/backfill", "limit": 3} in limits
+        queue = instance.get_concurrency_config().run_queue_config
+    assert queue.max_concurrent_runs == 3 and not queue.tag_concurrency_limits

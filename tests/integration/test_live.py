@@ -9,7 +9,7 @@ from pathlib import Path
 
 from assets.partitions import PARTITIONS, landing_keys, storm_partitions
 from resources.landing import Landing, utc_today
-from tests.helpers import KEY, materialize
+from tests.helpers import materialize
 
 
 def _day(offset: int) -> str:
@@ -60,18 +60,3 @@ def test_todays_partition_materializes(sl_env: dict[str, str]) -> None:
     assert result.success
     assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} >= {
         "outages_raw", "region_day_summary"}
-
-
-def test_a_partition_dagster_refuses_fails_alone_in_one_line(sl_env: dict[str, str]) -> None:
-    from pipeline.instance import prepare_dagster_home
-    from pipeline.orchestrate import run_partitions
-    from resources.settings import load_settings
-
-    prepare_dagster_home(load_settings())
-    tomorrow = f"{_day(1)}|gulf_coast"
-    runs = {r.key: r for r in run_partitions([KEY, tomorrow, "2026-09-01|pine_belt"])}
-    assert runs[KEY].ok and runs["2026-09-01|pine_belt"].ok
-    refused = runs[tomorrow]
-    assert not refused.ok
-    assert refused.error_class == "DagsterUnknownPartitionError"
-    assert refused.error and "\n" not in refused.error and tomorrow in refused.error

@@ -17,10 +17,9 @@ import pytest
 from assets.partitions import region_ids
 from assets.phases import ENRICH, INGEST, PHASES, table_keys
 from assets.plan import MAX_PARTITIONS_PER_RUN
-from pipeline.range_runs import range_keys
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_run_key, landing_sensor, outbox_sensor
-from resources.dagster_compat import fail_dead_run
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
+from resources.keys import RANGE_END_TAG, RANGE_START_TAG
 from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
 from tests.helpers import KEY, materialize, requested_keys
@@ -87,9 +86,10 @@ def test_daily_schedule_requests_yesterday_for_every_region_in_key_ranges(sl_env
     # The run key is the range: a tick evaluated twice never launches a partition twice.
     assert [r.run_key for r in requests] == [f"{requested_keys(r)[0]}..{requested_keys(r)[-1]}" for r in requests]
     assert all(r.tags["stormlake/launched_by"] == "daily_schedule" for r in requests)
-    # A run made from a request is the key range run the run coordinator cuts (pipeline.range_runs).
+    # A run made from a request is a key range run of the request's first to last key.
     run = instance.create_run_for_job(_storm_job(), tags=requests[0].tags)
-    assert range_keys(run) == requested_keys(requests[0])
+    assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == (requested_keys(requests[0])[0],
+                                                                    requested_keys(requests[0])[-1])
 
 
 def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick() -> None:
@@ -320,7 +320,7 @@ def test_outbox_waits_while_the_producing_run_is_in_progress(sl_env: dict[str, s
     assert set(OutboxCursor.parse(second.cursor).pending or {}) == {KEY}
 
     # The worker died between phases: the run is marked failed; the next tick continues the partition.
-    fail_dead_run(instance, instance.get_run_by_id(run.run_id), "its worker died")
+    instance.report_run_failed(instance.get_run_by_id(run.run_id), "its worker died")  # as run monitoring does
     third = _outbox_tick(instance, second.cursor)
     assert [r.run_key for r in third.run_requests] == [f"outbox:{ingest_event}"]
     assert third.run_requests[0].asset_selection == table_keys(PHASES[1:])
@@ -499,9 +499,9 @@ def test_the_run_queue_is_the_one_concurrency_setting(sl_env: dict[str, str], in
 
     assert {defs.resolve_assets_def(p.tables[0]).op.pool for p in PHASES} == {None}
     assert instance.get_concurrency_config().run_queue_config.max_concurrent_runs >= 1
-    from pipeline.launcher import StormlakeRunCoordinator
-
-    assert isinstance(instance.run_coordinator, StormlakeRunCoordinator)  # Dagster's queued one, subclassed
+    # Dagster's own queue and launcher: every run waits in the queue, and is launched in a process of its own.
+    assert type(instance.run_coordinator) is dg.QueuedRunCoordinator
+    assert type(instance.run_launcher) is dg.DefaultRunLauncher
     # Dagster's storage is on the ledger's server, in a database of its own named after the ledger's.
     tables_sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
     ledger_tables = {r["table_name"] for r in query(_ledger(), tables_sql)}

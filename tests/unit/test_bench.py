@@ -201,7 +201,7 @@ def test_the_start_s_floor_is_a_part_of_the_start_and_a_failed_import_is_an_erro
     import sys
 
     import pipeline.tools.bench_workers as workers
-    from pipeline.launcher import PROJECT_ROOT
+    from pipeline.instance import PROJECT_ROOT
 
     def modules(code: str) -> set[str]:
         listed = code + "import sys\nprint('\\n'.join(sys.modules))\n"
