@@ -421,7 +421,11 @@ def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, fo
                 time.sleep(POLL_S)
             stopped = [r.key for r in watch.left if any(r.phases.get(p.name) in ("COMPLETED", "SKIPPED") for p in PHASES[first:])]
             for run in watch.left:
-                if run.key not in stopped:
+                failed = None if run.key in stopped else watch.failed_run_of(run.key)
+                if failed:
+                    run.error = (f"run {failed} of backfill {backfill_id} failed before the phase recorded an attempt"
+                                 " (the run's log in the Dagster UI has its error)")
+                elif run.key not in stopped:
                     run.error = f"backfill {backfill_id} ended without running it (see the backfill in the Dagster UI)"
                 progress.finished(run)
                 results.append(run)
