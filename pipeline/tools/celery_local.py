@@ -209,6 +209,7 @@ class Deployment:
     ledger_dsn: str  # the owner's view of the ledger, for the test's checks
     python: Path = Path(BIN / "python")  # the workers' interpreter, with the installed code
     workers: list[Worker] = field(default_factory=list)
+    launches: list[subprocess.Popen[str]] = field(default_factory=list)  # killed by stop() if still going
 
     @property
     def launcher_home(self) -> Path:
@@ -265,8 +266,10 @@ class Deployment:
                                        "storm_job", "--tags", tags, "-c", str(config)])], timeout=timeout)[0]
 
     def _start(self, cmd: list[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen(cmd, env=self.launcher, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=self.launcher, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
+        self.launches.append(proc)
+        return proc
 
     def backfill_runs(self, backfill_id: str) -> dict[str, Any]:
         """What the launcher's Dagster instance holds of backfill ``backfill_id``: its status
@@ -279,6 +282,13 @@ class Deployment:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def stop(self) -> None:
+        for p in self.launches:  # a backfill's CLI left by a failure; its daemon dies with it
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.communicate()
         for w in self.workers:
             if w.proc.poll() is None:
                 try:
