@@ -7,15 +7,17 @@ TCP, each with a login of its own (the pipeline's, made with ``stormlake access 
 Dagster's), the object store (a moto S3 endpoint), the broker and the installed code. Its
 settings are its own environment's.
 
-Runs are launched by :meth:`Deployment.launch`: one ``dagster job execute`` of ``storm_job`` per
-key range, all at once; each run's process puts its steps on the broker (the job's executor is
-Celery, ``STORMLAKE_EXECUTOR=celery``).
+A backfill goes the one road (:meth:`Deployment.backfill`): ``stormlake backfill`` in the
+launcher's environment submits a Dagster asset backfill and starts the daemon for its lifetime;
+the daemon inherits that environment (``STORMLAKE_EXECUTOR=celery``, the broker), so the runs it
+launches put their steps on the broker, and the workers run them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -206,6 +209,7 @@ class Deployment:
     ledger_dsn: str  # the owner's view of the ledger, for the test's checks
     python: Path = Path(BIN / "python")  # the workers' interpreter, with the installed code
     workers: list[Worker] = field(default_factory=list)
+    launches: list[subprocess.Popen[str]] = field(default_factory=list)  # killed by stop() if still going
 
     @property
     def launcher_home(self) -> Path:
@@ -238,27 +242,53 @@ class Deployment:
         self.workers.append(worker)
         return worker
 
-    def launch_commands(self, ranges: list[list[str]]) -> list[list[str]]:
-        """How runs are launched, the one place: a ``dagster job execute`` of ``storm_job`` per key
-        range (the runs the planner would cut), executed by the jobs' executor, Celery; each exits
-        0 when its run succeeded. A command that submits a backfill and waits for it would do as well."""
-        return [[str(BIN / "dagster"), "job", "execute", "-m", "pipeline.definitions", "-j", "storm_job", "--tags",
-                 json.dumps({"dagster/asset_partition_range_start": r[0], "dagster/asset_partition_range_end": r[-1]})]
-                for r in ranges]
+    def backfill_command(self, keys: list[str], *, runs_at_once: int = 2) -> list[str]:
+        """``stormlake backfill`` of ``keys``: their regions over their days (the landing zone holds
+        exactly ``keys`` there), with the run queue's limit ``runs_at_once`` for the daemon it starts."""
+        from resources.keys import split_partition_key
 
-    def start_runs(self, ranges: list[list[str]], *, config: Path | None = None) -> list[subprocess.Popen[str]]:
-        procs = []
-        for cmd in self.launch_commands(ranges):
-            procs.append(subprocess.Popen([*cmd, *(["-c", str(config)] if config else [])], env=self.launcher,
-                                          cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          start_new_session=True))
-        return procs
+        days, regions = zip(*(split_partition_key(k) for k in keys), strict=True)
+        return [str(BIN / "stormlake"), "backfill", "--regions", ",".join(sorted(set(regions))),
+                "--days", f"{min(days)}..{max(days)}", "--workers", str(runs_at_once)]
 
-    def launch(self, ranges: list[list[str]], *, timeout: float = 300, config: Path | None = None) -> list[Launched]:
-        """Run the ranges at once, to their end (a run still going after ``timeout`` s raises)."""
-        return wait_runs(self.start_runs(ranges, config=config), timeout=timeout)
+    def start_backfill(self, keys: list[str], *, runs_at_once: int = 2) -> subprocess.Popen[str]:
+        return self._start(self.backfill_command(keys, runs_at_once=runs_at_once))
+
+    def backfill(self, keys: list[str], *, timeout: float = 600, runs_at_once: int = 2) -> Launched:
+        """``stormlake backfill`` of ``keys`` to its end (still going after ``timeout`` s raises)."""
+        return wait_runs([self.start_backfill(keys, runs_at_once=runs_at_once)], timeout=timeout)[0]
+
+    def execute(self, keys: list[str], *, config: Path, timeout: float = 300) -> Launched:
+        """One run of ``storm_job`` over the key range ``keys`` with the run config ``config``
+        (``dagster job execute -c``), to its end: a backfill carries no run config of its own."""
+        tags = json.dumps({"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+        return wait_runs([self._start([str(BIN / "dagster"), "job", "execute", "-m", "pipeline.definitions", "-j",
+                                       "storm_job", "--tags", tags, "-c", str(config)])], timeout=timeout)[0]
+
+    def _start(self, cmd: list[str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(cmd, env=self.launcher, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        self.launches.append(proc)
+        return proc
+
+    def backfill_runs(self, backfill_id: str) -> dict[str, Any]:
+        """What the launcher's Dagster instance holds of backfill ``backfill_id``: its status
+        (None when the instance has no such backfill) and its runs, each with its status and the
+        steps that succeeded in it. Asked in a process of the launcher's environment."""
+        out = subprocess.run([str(BIN / "python"), "-c", _BACKFILL_RUNS, backfill_id], env=self.launcher,
+                             cwd=str(REPO), capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"reading backfill {backfill_id} from the instance failed: {out.stderr[-2000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     def stop(self) -> None:
+        for p in self.launches:  # a backfill's CLI left by a failure; its daemon dies with it
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.communicate()
         for w in self.workers:
             if w.proc.poll() is None:
                 try:
@@ -282,6 +312,29 @@ class Launched:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+def backfill_id(output: str) -> str:
+    """The id of the backfill that ``stormlake backfill`` printed it submitted."""
+    found = re.findall(r"^backfill ([a-z]{8}): ", output, flags=re.M)
+    if len(found) != 1:
+        raise RuntimeError(f"stormlake backfill named no backfill:\n{output[-4000:]}")
+    return found[0]
+
+
+#: Prints the backfill's status and runs as one JSON line (see :meth:`Deployment.backfill_runs`).
+_BACKFILL_RUNS = """
+import json, sys
+import dagster as dg
+from resources import dagster_compat
+from resources.keys import BACKFILL_TAG
+with dg.DagsterInstance.get() as instance:
+    status = dagster_compat.backfill_status(instance, sys.argv[1])
+    runs = [{"run_id": r.dagster_run.run_id, "status": r.dagster_run.status.value,
+             "steps_succeeded": len(instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS))}
+            for r in instance.get_run_records(filters=dg.RunsFilter(tags={BACKFILL_TAG: sys.argv[1]}))]
+print(json.dumps({"status": status and status[0], "finished": status and status[1], "runs": runs}))
+"""
 
 
 def wait_runs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[Launched]:

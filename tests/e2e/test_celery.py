@@ -2,8 +2,9 @@
 
 A Redis broker, a local S3 endpoint (pipeline/tools/celery_local.py), the ledger and Dagster's storage over TCP, each with its
 login, and Celery workers started as another Unix user (``nobody``) with homes of their own:
-they cannot read the launcher's files. Runs of ``storm_job`` over key ranges are launched with
-``dagster job execute``; their steps run on the workers.
+they cannot read the launcher's files. The backfill goes the one road: ``stormlake backfill`` in
+the launcher's environment (``STORMLAKE_EXECUTOR=celery``, the broker) submits a Dagster asset
+backfill, the daemon it starts launches the runs, and their steps run on the workers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tools.celery_local import Deployment, deployment, redis_broker, wait_runs
+from pipeline.tools.celery_local import Deployment, Launched, backfill_id, deployment, redis_broker, wait_runs
 from tests.consumer import (
     check_lake_equal,
     check_ledger_clean,
@@ -49,10 +50,10 @@ def regions_and_days(landing: Path) -> tuple[list[str], list[str]]:
     return regions, days
 
 
-def key_ranges(landing: Path, *, days_per_run: int) -> list[list[str]]:
-    """Key ranges of every region over ``days_per_run`` consecutive days (rectangles in Dagster's order)."""
-    regions, days = regions_and_days(landing)
-    return [[f"{d}|{r}" for d in days[i:i + days_per_run] for r in regions] for i in range(0, len(days), days_per_run)]
+def keys_of(landing: Path, *, days: int | None = None) -> list[str]:
+    """Every region's keys over the first ``days`` days (all of them by default)."""
+    regions, all_days = regions_and_days(landing)
+    return [f"{d}|{r}" for d in all_days[:days] for r in regions]
 
 
 @pytest.fixture
@@ -78,26 +79,41 @@ def check_exactly_once(dep: Deployment, endpoint: Endpoint, keys: list[str]) -> 
     assert sorted(published) == sorted(a.split("@")[0] for a, _, _ in receipts)
 
 
+def check_backfill_on_workers(dep: Deployment, done: Launched, workers: list) -> dict:  # noqa: ANN001 - Worker
+    """The backfill is in the launcher's instance, finished, with runs that all succeeded; each
+    step of its runs ran on a worker (the workers' finished tasks are the runs' succeeded steps)."""
+    assert done.ok, done.output[-4000:]
+    assert "its daemon started for it" in done.output, done.output[-4000:]
+    facts = dep.backfill_runs(backfill_id(done.output))
+    assert facts["status"] is not None, "the backfill is not in the instance's backfills"
+    if "stopped the daemon before Dagster marked" not in done.output:
+        assert (facts["status"], facts["finished"]) == ("COMPLETED_SUCCESS", True), facts
+    assert facts["runs"] and all(r["status"] == "SUCCESS" for r in facts["runs"]), facts
+    steps = sum(r["steps_succeeded"] for r in facts["runs"])
+    assert steps and sum(w.tasks_done() for w in workers) == steps, ([w.tasks_done() for w in workers], facts)
+    return facts
+
+
 def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_files(
         pg_admin_dsn: str, pg_dsn: str, s3_endpoint: Endpoint, landing: Path, broker: str) -> None:
-    ranges = key_ranges(landing, days_per_run=2)  # two runs of 8 partitions, at once
-    keys = [k for r in ranges for k in r]
+    keys = keys_of(landing)
     assert len(keys) == 16
     with deployment(pg_admin_dsn, pg_dsn, s3_endpoint, landing, broker) as dep:
         if dep.user is None:
             print("not root: the workers ran as this same user (with homes of their own)")
         w1, w2 = dep.start_worker("w1"), dep.start_worker("w2")
         start = time.monotonic()
-        done = dep.launch(ranges)
+        done = dep.backfill(keys, runs_at_once=2)  # Dagster cuts it into runs of the backfill policy, 2 at once
         print(f"16 partitions on 2 workers: {time.monotonic() - start:.1f} s")
-        for d in done:
-            assert d.ok, d.output[-4000:]
-        assert w1.tasks_done() + w2.tasks_done() == 4 * len(ranges)
+        assert "16/16 partitions succeeded; 64 phases computed, 48 artifact deliveries" in done.output, done.output
+        facts = check_backfill_on_workers(dep, done, [w1, w2])
+        assert len(facts["runs"]) >= 2, facts
         assert w1.tasks_done() and w2.tasks_done(), (w1.tasks_done(), w2.tasks_done())
         check_exactly_once(dep, s3_endpoint, keys)
         assert not (dep.launcher_home / "lake").exists() and not (dep.launcher_home / "published").exists()
         password = broker.split("@")[0].rsplit(":", 1)[1]  # redis://:PASSWORD@host:port/0
-        for text in [d.output for d in done] + [w1.text(), w2.text()]:
+        daemon_log = (dep.launcher_home / "logs" / "daemon.log").read_text(errors="replace")
+        for text in (done.output, daemon_log, w1.text(), w2.text()):
             assert password not in text, "the broker's password was printed"
 
         if dep.user is None:
@@ -113,7 +129,9 @@ def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_f
 
         config.write_text(f"resources:\n  landing:\n    config:\n      root: {local}\n"
                           f"      regions_file: {DEFAULT_REGIONS_FILE}\n")
-        refused = dep.launch([keys[:1]], config=config)[0]
+        # A backfill carries no run config and a worker reads its settings from its own environment,
+        # so only a run's config (``dagster job execute -c``) points one run at the launcher's path.
+        refused = dep.execute(keys[:1], config=config)
         assert not refused.ok, refused.output[-4000:]
         out = refused.output
         lines = [ln for ln in out.splitlines() if str(local) in ln]
@@ -125,26 +143,31 @@ def test_two_workers_backfill_16_partitions_once_and_cannot_read_the_launchers_f
 def test_a_worker_killed_mid_phase_its_step_finishes_on_another_worker(
         pg_admin_dsn: str, pg_dsn: str, s3_endpoint: Endpoint, landing: Path, broker: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    ranges = key_ranges(landing, days_per_run=1)[:1]  # one run of a day's 4 partitions
-    keys = ranges[0]
+    keys = keys_of(landing, days=1)  # a day's 4 partitions: one run
     regions, days = regions_and_days(landing)
     # The broker hands a lost worker's step to another after this many seconds.
     with deployment(pg_admin_dsn, pg_dsn, s3_endpoint, landing, broker, redeliver_after_s=10) as dep:
         doomed = dep.start_worker("w1", STORMLAKE_FAULTS="correlate.mid_transform=hang")
-        runs = dep.start_runs(ranges)
+        launched = dep.start_backfill(keys, runs_at_once=1)
         deadline = time.monotonic() + 240
         while "injected hang at correlate.mid_transform" not in doomed.text():
-            assert all(p.poll() is None for p in runs), "the run ended before the worker reached correlate"
+            assert launched.poll() is None, "the backfill ended before the worker reached correlate"
             assert time.monotonic() < deadline, doomed.text()[-4000:]
             time.sleep(0.1)
         assert completed(dep) == {(k, p): 1 for k in keys for p in PHASES[:2]}
         survivor = dep.start_worker("w2")
         doomed.kill()  # SIGKILL, the worker and its process: its step is neither done nor acknowledged
         killed = time.monotonic()
-        done = wait_runs(runs, timeout=300)[0]
+        done = wait_runs([launched], timeout=300)[0]
         assert done.ok, done.output[-4000:]
-        print(f"the run finished {time.monotonic() - killed:.1f} s after the kill")
+        print(f"the backfill finished {time.monotonic() - killed:.1f} s after the kill")
+        assert "4/4 partitions succeeded" in done.output, done.output[-4000:]
         assert survivor.tasks_done() == 2, survivor.text()[-4000:]  # correlate, then present
+        facts = dep.backfill_runs(backfill_id(done.output))
+        assert facts["status"] is not None, "the backfill is not in the instance's backfills"
+        assert len(facts["runs"]) == 1 and facts["runs"][0]["status"] == "SUCCESS", facts
+        # Every step of the run succeeded on a worker: ingest and enrich on the killed one, the rest on the survivor.
+        assert facts["runs"][0]["steps_succeeded"] == doomed.tasks_done() + survivor.tasks_done() == 4, facts
         check_exactly_once(dep, s3_endpoint, keys)
         # Resumed from the checkpoints: ingest and enrich, done before the kill, ran once.
         attempts = dict(((k, p), n) for k, p, n in sql_rows(
