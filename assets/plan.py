@@ -17,10 +17,12 @@ from typing import Any
 import dagster as dg
 
 from resources.keys import RANGE_END_TAG, RANGE_START_TAG, partition_key, split_partition_key
+from resources.settings import load_settings
 
-#: Partitions a key range run holds at most, whatever their size: the phase assets' backfill
-#: policy (:data:`BACKFILL_POLICY`) and the schedule's and the sensors' runs.
-MAX_PARTITIONS_PER_RUN = 8
+#: Partitions a key range run holds at most, whatever their size (``STORMLAKE_PARTITIONS_PER_RUN``):
+#: the phase assets' backfill policy (:data:`BACKFILL_POLICY`) and the schedule's and the sensors'
+#: runs. Each run is a process of its own, so its start is paid once a range, not once a partition.
+MAX_PARTITIONS_PER_RUN = load_settings().partitions_per_run
 #: How Dagster cuts a backfill of the phase assets into runs: key ranges of the same size.
 BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN)
 

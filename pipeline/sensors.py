@@ -31,7 +31,7 @@
     succeeded or failed, and the next phase is not already COMPLETED on that result, it requests
     the table assets of the remaining phases (and their graders) for the partition. Partitions
     that stopped after the same phase are requested together in the key ranges of a backfill's
-    runs (at most 8 neighbouring regions or consecutive days a run), with the run key
+    runs (at most ``STORMLAKE_PARTITIONS_PER_RUN`` neighbouring regions or consecutive days a run), with the run key
     ``outbox:<event id>`` (one partition) or ``outbox:<event id>,<event id>,…`` (a range, its
     partitions' events in key order); the run coordinator cuts such a range as it cuts a
     backfill's. While the producing run is still in progress the event is kept

@@ -22,6 +22,7 @@ DEFAULT_FIRST_DAY = "2026-09-01"
 DEFAULT_LAKE_LOG_RETENTION_MINUTES = 2  # how long a Delta log keeps older commits (resources/lake.py says why)
 DEFAULT_DEAD_LETTER_AFTER = 3  # failed attempts of the same inputs after which a phase waits for a person
 DEFAULT_WRITE_TOGETHER = 8  # small partitions of a range step whose tables share a Delta commit
+DEFAULT_PARTITIONS_PER_RUN = 32  # partitions a key range run holds at most (the phases' backfill policy)
 #: Seconds after which the broker hands a step whose worker never acknowledged it (a worker lost
 #: with its host) to another worker; longer than any step runs, or a running step is handed out twice.
 DEFAULT_REDELIVER_AFTER_S = 3600
@@ -70,6 +71,7 @@ class Settings:
     dead_letter_after: int = DEFAULT_DEAD_LETTER_AFTER  # failed attempts of the same inputs after which a phase waits for a person
     lake_log_retention_minutes: int = DEFAULT_LAKE_LOG_RETENTION_MINUTES  # how long a Delta log keeps its older commits
     write_together: int = DEFAULT_WRITE_TOGETHER  # small partitions of a range step written in one commit a table (1: each alone)
+    partitions_per_run: int = DEFAULT_PARTITIONS_PER_RUN  # partitions a key range run holds at most
     landing_sensor: str = "running"  # the landing sensor's default status: running (serve the day as it lands) or stopped
     owner_dsn: str | None = None  # STORMLAKE_OWNER_DSN: migrations and new logins (resources.logins)
     pipeline_dsn: str | None = None  # STORMLAKE_PIPELINE_DSN: the pipeline's own login
@@ -122,6 +124,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         lake_log_retention_minutes=_whole(get, "STORMLAKE_LAKE_LOG_RETENTION_MINUTES",
                                           DEFAULT_LAKE_LOG_RETENTION_MINUTES),
         write_together=_whole(get, "STORMLAKE_WRITE_TOGETHER", DEFAULT_WRITE_TOGETHER),
+        partitions_per_run=_whole(get, "STORMLAKE_PARTITIONS_PER_RUN", DEFAULT_PARTITIONS_PER_RUN),
         landing_sensor=_choice(get, "STORMLAKE_LANDING_SENSOR", ("running", "stopped")),
         owner_dsn=get("STORMLAKE_OWNER_DSN"),
         pipeline_dsn=get("STORMLAKE_PIPELINE_DSN"),

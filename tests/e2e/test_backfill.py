@@ -29,7 +29,7 @@ def test_a_cli_backfill_is_a_dagster_backfill_whose_runs_the_queue_launches_one_
 
     home = tmp_path / "home"
     generated_landing(home / "landing", regions=3, rows_per_partition=200, seed=5, days=3)
-    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_WORKERS="1")
+    env = base_env(home, STORMLAKE_PG_DSN=pg_dsn, STORMLAKE_WORKERS="1", STORMLAKE_PARTITIONS_PER_RUN="4")
     proc = stormlake("backfill", env=env, cwd=tmp_path)
     assert proc.returncode == 0, stderr_digest(proc)
     assert "9/9 partitions succeeded; 36 phases computed, 27 artifact deliveries" in proc.stdout, proc.stdout
