@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     from assets.runner import Force
     from resources.ledger import Checkpoint, Ledger
 
-#: How often Dagster's backfill daemon looks at backfills (its first look is when it starts). No
-#: dagster.yaml key sets it (dagster-io/dagster#11649).
-BACKFILL_DAEMON_INTERVAL_S = 30
 #: How long the outbox sensor may take to continue a partition left between phases once the
 #: backfill's runs are over: one tick of it (``pipeline.sensors.SENSOR_INTERVAL_S``) and its run's start.
 OUTBOX_WAIT_S = 45
@@ -433,14 +430,12 @@ def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, fo
                 lines.append(f"stormlake: {len(stopped)} partition{'s' if len(stopped) > 1 else ''} stopped between phases"
                              f" ({', '.join(stopped[:5])}{', ...' if len(stopped) > 5 else ''}); the outbox sensor"
                              " continues them while a daemon runs (stormlake ui)")
-            if daemon.own:
-                deadline = time.monotonic() + BACKFILL_DAEMON_INTERVAL_S + 5
-                while time.monotonic() < deadline and not (dagster_compat.backfill_status(instance, backfill_id) or
-                                                          ("", True))[1]:
-                    time.sleep(POLL_S)
-                if not (dagster_compat.backfill_status(instance, backfill_id) or ("", True))[1]:
-                    lines.append(f"stormlake: stopped the daemon before Dagster marked backfill {backfill_id} finished;"
-                                 " the next daemon on the instance marks it")
+            if daemon.own and not (dagster_compat.backfill_status(instance, backfill_id) or ("", True))[1]:
+                # The backfill daemon marks a backfill finished on its next pass, up to half a minute
+                # after the last run: the next daemon on the instance (stormlake ui, the next
+                # backfill) does it on its first pass instead of this command waiting for it.
+                lines.append(f"stormlake: stopped the daemon before Dagster marked backfill {backfill_id} finished;"
+                             " the next daemon on the instance marks it")
             return results, lines
         except Exception as exc:
             if database_down(exc) and not isinstance(exc, LedgerUnavailable):
