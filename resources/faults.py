@@ -22,8 +22,8 @@ Example: ``STORMLAKE_FAULTS=present.after_pending=exit``.
 from __future__ import annotations
 
 import os
-import sys
 import re
+import sys
 import time
 from pathlib import Path
 

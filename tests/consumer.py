@@ -451,6 +451,7 @@ def embedded_root(prefix: str = "stormlake-e2e-") -> Iterator[Path]:
     try:
         yield root
     finally:
+        reap_home(root, wait_s=0)  # runs a killed CLI left, whose homes go now
         stop_servers(root)
         shutil.rmtree(root, ignore_errors=True)
 

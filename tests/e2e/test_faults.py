@@ -2,10 +2,12 @@
 
 Every test runs the real ``stormlake backfill`` in a subprocess against a fresh ledger database,
 a lake under ``tmp_path`` and the test consumer (tests/consumer.py) as webhook. A crash is either
-a fault point (``STORMLAKE_FAULTS``, ``exit`` = ``os._exit(137)``) or a SIGKILL of the process
-group. After the crash the same command is run again until it succeeds; then the consumer's
-record, the ledger and the lake are checked against a clean run's (another home and database,
-no faults).
+a fault point (``STORMLAKE_FAULTS``, ``exit`` = ``os._exit(137)`` of the run's process, once per
+point and partition of a home) or a SIGKILL of the CLI's process group. After a fault crash
+Dagster finds the run failed and retries it (run retries, dagster.yaml), and the retry resumes:
+the one backfill exits 0. After a kill of the CLI the same command is run again until it
+succeeds. Then the consumer's record, the ledger and the lake are checked against a clean run's
+(another home and database, no faults).
 
 Every crash test has a home and a ledger of its own. The data is small (:func:`fault_landing`):
 what is checked (a resume never starts over, never publishes twice) does not depend on its size,
@@ -65,7 +67,6 @@ from tests.consumer import (
 pytestmark = pytest.mark.e2e
 
 KEY = "2026-09-01|gulf_coast"
-RESUME_TIMEOUT_S = 300
 ONE = [KEY]
 ONE_ARGS = ("backfill", "--regions", "gulf_coast", "--days", "2026-09-01..2026-09-01")
 ALL = ["2026-09-01|gulf_coast", "2026-09-01|pine_belt", "2026-09-02|gulf_coast", "2026-09-02|pine_belt"]
@@ -151,6 +152,13 @@ def clean_all(fault_landing: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return _clean_run(None, fault_landing, tmp_path_factory.mktemp("clean_all"), ALL_ARGS, ALL)
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_behind(tmp_path: Path) -> Iterator[None]:
+    """No process of a test's homes outlives the test (a CLI killed on a timeout leaves its runs)."""
+    yield
+    reap_home(tmp_path, wait_s=0)
+
+
 def completed_events(dsn: str) -> dict[tuple[str, str], int]:
     rows = sql_rows(dsn, "SELECT partition_key, phase, count(*) FROM checkpoint_events WHERE status = 'COMPLETED'"
                          " GROUP BY partition_key, phase")
@@ -194,6 +202,8 @@ DEFAULT_CASES = [
     ("present", "after_pending"),
     ("present", "after_delivery"),
 ]
+# The same kinds of points in the other phases: `make test-all` (each case is a whole backfill
+# with a crash and Dagster's retry of its run).
 SLOW_CASES = [
     ("correlate", "after_lease"),
     ("ingest", "mid_transform"),
@@ -215,9 +225,16 @@ S3_CASES = [
     ("present", "after_pending"),
     ("present", "after_delivery"),
 ]
-MATRIX = [pytest.param(ph, pt, "local", id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES + SLOW_CASES] + [
+MATRIX = [pytest.param(ph, pt, "local", id=f"{ph}.{pt}") for ph, pt in DEFAULT_CASES] + [
+    pytest.param(ph, pt, "local", id=f"{ph}.{pt}", marks=pytest.mark.slow) for ph, pt in SLOW_CASES] + [
     pytest.param(ph, pt, "s3", id=f"s3-{ph}.{pt}") for ph, pt in S3_CASES
 ]
+
+
+def resume_timeout(clean: Clean) -> float:
+    """How long a backfill whose run crashed once may take: the crashed run, Dagster's retry of it
+    and the retry's run together are generously four clean runs (never less than any run's 180 s)."""
+    return max(180.0, 4 * clean.wall_s)
 
 
 def fault_fired(env: dict[str, str], phase: str, point: str, key: str) -> bool:
@@ -246,7 +263,7 @@ def test_kill_at_fault_point_then_resume(phase: str, point: str, where: str, fre
     with Consumer() as consumer:
         env = make_home(tmp_path, fault_landing, fresh_dsn, webhook=consumer.url,
                         **files_on(where, request, monkeypatch, fault_landing))
-        res = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit", timeout=RESUME_TIMEOUT_S)
+        res = run(env, *ONE_ARGS, faults=f"{phase}.{point}=exit", timeout=resume_timeout(clean_one))
         assert res.returncode == 0, str(res)
         assert fault_fired(env, phase, point, KEY), f"the fault {phase}.{point} never fired\n{res}"
 
@@ -321,7 +338,7 @@ def test_kill_inside_the_webhook_delivery_window(fresh_dsn: str, fault_landing: 
         key = rejected[0].key
 
         consumer.program(default=200)
-        res = run(env, *ONE_ARGS, faults="present.after_delivery=exit", timeout=RESUME_TIMEOUT_S)
+        res = run(env, *ONE_ARGS, faults="present.after_delivery=exit", timeout=resume_timeout(clean_one))
         assert res.returncode == 0, str(res)  # the run died once; Dagster's retry finished it
         assert fault_fired(env, "present", "after_delivery", KEY), str(res)
         counts = consumer.keys_count()
@@ -351,7 +368,10 @@ def kill_loop(*, kills: int, seed: int, landing: Path, root: Path, logs: Path, c
     :func:`tests.consumer.run_and_kill`); ``crash_server`` kills the home's server with the run.
     A home is done when a run ended on its own or every phase completed: then a plain backfill
     must succeed and leave what a clean run leaves (:func:`finish_home`), and the next kill
-    goes to a fresh home.
+    goes to a fresh home. A kill ends the CLI and the daemon it started (which dies with it), not
+    the runs already launched: they go on meanwhile, beside the next backfill of the home (the
+    ledger's leases keep each phase to one attempt at a time), and are waited for before the
+    home is checked.
     """
     rng = random.Random(seed)
     phases = len(ALL) * len(PHASE_NAMES)
@@ -412,6 +432,11 @@ def finish_home(env: dict[str, str], consumer: Consumer, clean: Clean, *, kills:
     if not ended:
         res = run(env, *ALL_ARGS, timeout=180)
         assert res.returncode == 0, str(res)
+    # The runs a killed CLI's daemon had launched go on without it (a run is Dagster's, not the
+    # CLI's): they are waited for, as long as a clean run of everything takes and as long again
+    # (they can only find their phases done, or finish them), and killed if still there.
+    killed = reap_home(env["STORMLAKE_HOME"], wait_s=2 * clean.wall_s)
+    assert not killed, f"processes of the home still running {2 * clean.wall_s:.0f} s after its last backfill: {killed}"
     dsn = ledger_dsn(env)
     assert dsn is not None, "no embedded server runs after a successful backfill"
     final = status(env)
@@ -432,6 +457,7 @@ def test_random_kills(fault_landing: Path, tmp_path: Path, clean_all: Clean) -> 
     assert sum(o.killed for o in outcomes) == 20
 
 
+@pytest.mark.slow
 def test_random_kills_long(fault_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
     with embedded_root() as root:
         outcomes = kill_loop(kills=60, seed=7, landing=fault_landing, root=root, logs=tmp_path, clean=clean_all)
