@@ -450,11 +450,16 @@ def finish_home(env: dict[str, str], consumer: Consumer, clean: Clean, *, kills:
     assert all(n == 1 for n in events.values()), f"a phase completed twice: {events}"
 
 
+#: Kills of the default loop: each killed backfill costs a daemon's start and its runs' launch,
+#: so the default suite takes fewer of them; ``test_random_kills_long`` (test-all) takes 60.
+RANDOM_KILLS = 8
+
+
 def test_random_kills(fault_landing: Path, tmp_path: Path, clean_all: Clean) -> None:
     with embedded_root() as root:
-        outcomes = kill_loop(kills=20, seed=20260901, landing=fault_landing, root=root, logs=tmp_path,
+        outcomes = kill_loop(kills=RANDOM_KILLS, seed=20260901, landing=fault_landing, root=root, logs=tmp_path,
                              clean=clean_all)
-    assert sum(o.killed for o in outcomes) == 20
+    assert sum(o.killed for o in outcomes) == RANDOM_KILLS
 
 
 @pytest.mark.slow
