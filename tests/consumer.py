@@ -451,6 +451,7 @@ def embedded_root(prefix: str = "stormlake-e2e-") -> Iterator[Path]:
     try:
         yield root
     finally:
+        reap_home(root, wait_s=0)  # runs a killed CLI left, whose homes go now
         stop_servers(root)
         shutil.rmtree(root, ignore_errors=True)
 
@@ -664,6 +665,38 @@ def run_and_kill(env: dict[str, str], args: tuple[str, ...], *, delay: float, lo
     signal_all(frozen, signal.SIGKILL)
     proc.wait(30)
     return Outcome(True, elapsed, None, ready, seen)
+
+
+def home_processes(home: Path | str) -> list[int]:
+    """Pids of the processes of a home (``STORMLAKE_HOME`` in their environment is ``home`` or below
+    it), its embedded server's excepted: a CLI, its daemon and code server, and the run processes
+    they launched, which outlive a killed CLI (a run belongs to Dagster, not to the CLI)."""
+    import psutil
+
+    home = str(Path(home).resolve())
+    found = []
+    for proc in psutil.process_iter(["name", "pid"]):
+        if proc.info["pid"] == os.getpid() or proc.info["name"] in ("postgres", "pg_ctl", "initdb"):
+            continue
+        try:
+            value = proc.environ().get("STORMLAKE_HOME")
+            if value is None or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        if value == home or value.startswith(home + os.sep):
+            found.append(proc.pid)
+    return found
+
+
+def reap_home(home: Path | str, *, wait_s: float) -> list[int]:
+    """Wait up to ``wait_s`` for every process of ``home`` (:func:`home_processes`) to end, then
+    SIGKILL what is left; the pids killed. No process of a test's home outlives the test."""
+    deadline = time.monotonic() + wait_s
+    while (left := home_processes(home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    signal_all(left, signal.SIGKILL)
+    return left
 
 
 def crash_server(pgdata: Path) -> list[int]:
