@@ -162,6 +162,11 @@ def test_prune_removes_superseded_history_but_no_head_no_unread_event_and_no_rec
         head_ids = {h[0] for h in heads_before}
         receipts_before = sql_rows(pg_dsn, "SELECT artifact_id, target, day, kind, created_at FROM receipts")
 
+        # The sensor of the backfills' own daemons recorded its own reading meanwhile; the sensor
+        # whose cursor read A records its position again, as its next tick would.
+        outbox_tick(env, pg_dsn, cursor)
+        assert sql_rows(pg_dsn, "SELECT after_event_id FROM event_readers WHERE name = 'outbox_sensor'") == [
+            (read_up_to,)]
         out = prune(env, "--keep-from", "2026-09-02")
 
         ev_after = events(pg_dsn)

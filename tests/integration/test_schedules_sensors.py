@@ -19,7 +19,6 @@ from assets.phases import ENRICH, INGEST, PHASES, table_keys
 from assets.plan import MAX_PARTITIONS_PER_RUN
 from pipeline.sensors import OutboxCursor, evaluate_outbox, landing_run_key, landing_sensor, outbox_sensor
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
-from resources.keys import RANGE_END_TAG, RANGE_START_TAG
 from resources.ledger_resource import LedgerResource
 from resources.pgserver import with_database
 from tests.helpers import KEY, materialize, requested_keys
@@ -74,31 +73,38 @@ def daily_storm_schedule(ctx: dg.ScheduleEvaluationContext):
     return defs.resolve_schedule_def("daily_storm_schedule")(ctx)
 
 
-def test_daily_schedule_requests_yesterday_for_every_region_in_key_ranges(sl_env: dict[str, str], instance) -> None:
+def _landed(day: str) -> list[str]:
+    """The keys of ``day`` whose landing files are there, in the region file's order."""
+    from resources.landing import Landing
+    from resources.settings import load_settings
+
+    zone = Landing(load_settings().landing)
+    return [f"{day}|{r}" for r in region_ids() if zone.has_partition_files(r, day)]
+
+
+def test_daily_schedule_requests_yesterday_s_landed_regions_in_key_ranges(sl_env: dict[str, str], instance) -> None:
     ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 3, 0, tzinfo=UTC))
     requests = daily_storm_schedule(ctx)
-    regions = region_ids()
-    # Every region of yesterday once, in runs of neighbouring regions as a UI backfill's: fewer
-    # runs than partitions, none over the backfill policy's size.
-    assert [k for r in requests for k in requested_keys(r)] == [f"2026-09-02|{r}" for r in regions]
-    assert len(requests) == -(-len(regions) // MAX_PARTITIONS_PER_RUN) < len(regions)
+    landed = _landed("2026-09-02")
+    # Every region of yesterday whose files landed, once, in runs of neighbouring regions as a UI
+    # backfill's (none over the backfill policy's size); the others are not requested.
+    assert landed and len(landed) < len(region_ids())
+    assert [k for r in requests for k in requested_keys(r)] == landed
+    assert len(requests) == -(-len(landed) // MAX_PARTITIONS_PER_RUN)
     assert all(len(requested_keys(r)) <= MAX_PARTITIONS_PER_RUN for r in requests)
     # The run key is the range: a tick evaluated twice never launches a partition twice.
-    assert [r.run_key for r in requests] == [f"{requested_keys(r)[0]}..{requested_keys(r)[-1]}" for r in requests]
+    assert [r.run_key for r in requests] == ["..".join(dict.fromkeys((requested_keys(r)[0], requested_keys(r)[-1])))
+                                             for r in requests]
     assert all(r.tags["stormlake/launched_by"] == "daily_schedule" for r in requests)
-    # A run made from a request is a key range run of the request's first to last key.
-    run = instance.create_run_for_job(_storm_job(), tags=requests[0].tags)
-    assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == (requested_keys(requests[0])[0],
-                                                                    requested_keys(requests[0])[-1])
 
 
-def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick() -> None:
-    # 23:30 on Sept 3 in Chicago is 04:30 UTC on Sept 4: yesterday is Sept 3 (UTC days).
+def test_daily_schedule_uses_the_utc_day_and_is_stable_within_a_tick(sl_env: dict[str, str]) -> None:
+    # 23:30 on Sept 2 in Chicago is 04:30 UTC on Sept 3: yesterday is Sept 2 (UTC days).
     chicago = dt.timezone(dt.timedelta(hours=-5))
-    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 3, 23, 30, tzinfo=chicago))
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 9, 2, 23, 30, tzinfo=chicago))
     first = daily_storm_schedule(ctx)
     again = daily_storm_schedule(ctx)
-    assert {k.split("|")[0] for r in first for k in requested_keys(r)} == {"2026-09-03"}
+    assert {k.split("|")[0] for r in first for k in requested_keys(r)} == {"2026-09-02"}
     assert [r.run_key for r in first] == [r.run_key for r in again]  # same tick, same run keys
 
 
@@ -109,7 +115,7 @@ def test_daily_schedule_skips_days_before_the_first_day() -> None:
     assert "no partitions" in (result.skip_message or "")
 
 
-def test_daily_schedule_evaluates_through_the_code_location() -> None:
+def test_daily_schedule_evaluates_through_the_code_location(sl_env: dict[str, str]) -> None:
     from pipeline.definitions import defs
 
     schedule = defs.resolve_schedule_def("daily_storm_schedule")
@@ -118,7 +124,7 @@ def test_daily_schedule_evaluates_through_the_code_location() -> None:
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     data = schedule.evaluate_tick(dg.build_schedule_context(
         scheduled_execution_time=dt.datetime(2026, 9, 2, 3, 0, tzinfo=UTC), repository_def=defs.get_repository_def()))
-    assert {k for r in data.run_requests or [] for k in requested_keys(r)} == {f"2026-09-01|{r}" for r in region_ids()}
+    assert {k for r in data.run_requests or [] for k in requested_keys(r)} == set(_landed("2026-09-01"))
 
 
 # ---- the landing sensor ------------------------------------------------------------------------
