@@ -430,12 +430,8 @@ def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, fo
                 lines.append(f"stormlake: {len(stopped)} partition{'s' if len(stopped) > 1 else ''} stopped between phases"
                              f" ({', '.join(stopped[:5])}{', ...' if len(stopped) > 5 else ''}); the outbox sensor"
                              " continues them while a daemon runs (stormlake ui)")
-            if daemon.own and not (dagster_compat.backfill_status(instance, backfill_id) or ("", True))[1]:
-                # The backfill daemon marks a backfill finished on its next pass, up to half a minute
-                # after the last run: the next daemon on the instance (stormlake ui, the next
-                # backfill) does it on its first pass instead of this command waiting for it.
-                lines.append(f"stormlake: stopped the daemon before Dagster marked backfill {backfill_id} finished;"
-                             " the next daemon on the instance marks it")
+            # A backfill's own daemon stops with its partitions done: Dagster marks the backfill
+            # finished on the next daemon's first pass (stormlake ui, the next backfill).
             return results, lines
         except Exception as exc:
             if database_down(exc) and not isinstance(exc, LedgerUnavailable):
