@@ -89,7 +89,7 @@ def _check_instance(data: dict[str, Any], dagster_home: Path) -> None:
     assert [n["location"]["name"] for n in data["repositoriesOrError"]["nodes"]] == [LOCATION], data
     info = data["instance"]["info"]
     assert "PostgresRunStorage" in info and "PostgresEventLogStorage" in info, info
-    assert "max_concurrent_runs: 4" in info and data["instance"]["runQueuingSupported"], info
+    assert "max_concurrent_runs: " in info and data["instance"]["runQueuingSupported"], info  # STORMLAKE_WORKERS
     assert f"base_dir: {dagster_home}" in info, info
 
 
