@@ -143,15 +143,7 @@ def _broker_url(raw: str | None, *, needed: bool) -> str | None:
         if needed:
             raise ConfigError("STORMLAKE_EXECUTOR=celery needs STORMLAKE_BROKER_URL (redis://host:port/db)")
         return None
-    try:
-        parts = urllib.parse.urlsplit(raw)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ConfigError("STORMLAKE_BROKER_URL is not a redis:// or rediss:// URL with a host"
-                          " (its value is not shown: it may hold a secret)")
-    return raw
+    return _url_with_host(raw, "STORMLAKE_BROKER_URL", ("redis", "rediss"), "a redis:// or rediss://")
 
 
 def _choice(get, name: str, choices: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
@@ -200,15 +192,7 @@ def _webhook_url(raw: str | None) -> str | None:
     which may hold a token."""
     if raw is None:
         return None
-    try:
-        parts = urllib.parse.urlsplit(raw)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError("STORMLAKE_WEBHOOK_URL is not an http:// or https:// URL with a host"
-                          " (its value is not shown: it may hold a secret)")
-    return raw
+    return _url_with_host(raw, "STORMLAKE_WEBHOOK_URL", ("http", "https"), "an http:// or https://")
 
 
 def _whole(get, name: str, default: int) -> int:  # type: ignore[no-untyped-def]
@@ -297,3 +281,16 @@ def load_regions(path: Path | str) -> list[Region]:
     if not regions:
         raise ConfigError(f"{path}: the region list is empty")
     return regions
+
+
+def _url_with_host(raw: str, name: str, schemes: tuple[str, ...], kinds: str) -> str:
+    """``raw`` when it is a URL of one of ``schemes`` with a host and a numeric port (if any); the
+    error never shows the value, which may hold a secret."""
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in schemes or not parts.hostname:
+        raise ConfigError(f"{name} is not {kinds} URL with a host (its value is not shown: it may hold a secret)")
+    return raw

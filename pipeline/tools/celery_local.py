@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pipeline.tools.s3_local import Endpoint, free_port, s3_settings
+from pipeline.tools.s3_local import Endpoint, free_port, s3_settings, wait_for_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]  # the project's folder: its requirements.lock
@@ -83,16 +82,7 @@ def redis_broker(folder: Path) -> Iterator[str]:
                              "--logfile", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    text = log.read_text()[-2000:] if log.exists() else ""
-                    raise RuntimeError(f"redis-server did not start on port {port}: {text}") from None
-                time.sleep(0.05)
+        wait_for_port(proc, port, 30, log, f"redis-server did not start on port {port}")
         yield f"redis://:{password}@127.0.0.1:{port}/0"
     finally:
         proc.terminate()

@@ -75,6 +75,21 @@ def free_port() -> int:
 
 
 @contextmanager
+def wait_for_port(proc: subprocess.Popen, port: int, within_s: float, log: Path, what: str) -> None:
+    """Wait until a server ``proc`` started accepts connections on 127.0.0.1:``port``; raise ``what``
+    with the end of its ``log`` when it exits first or ``within_s`` pass."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                text = log.read_text()[-2000:] if log.exists() else ""
+                raise RuntimeError(f"{what}: {text}") from None
+            time.sleep(0.05)
+
+
 def moto_endpoint(log: Path) -> Iterator[Endpoint]:
     """Start ``moto_server`` on a free port of 127.0.0.1; stop it on leaving."""
     import boto3
@@ -87,15 +102,7 @@ def moto_endpoint(log: Path) -> Iterator[Endpoint]:
         proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {url}: {log.read_text()[-2000:]}") from None
-                time.sleep(0.1)
+        wait_for_port(proc, port, 60, log, f"moto_server did not start on {url}")
         iam = boto3.client("iam", endpoint_url=url, region_name=REGION, aws_access_key_id="setup",
                            aws_secret_access_key="setup")
         iam.create_user(UserName="stormlake")
