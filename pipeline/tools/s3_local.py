@@ -74,7 +74,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
 def wait_for_port(proc: subprocess.Popen, port: int, within_s: float, log: Path, what: str) -> None:
     """Wait until a server ``proc`` started accepts connections on 127.0.0.1:``port``; raise ``what``
     with the end of its ``log`` when it exits first or ``within_s`` pass."""
@@ -90,6 +89,7 @@ def wait_for_port(proc: subprocess.Popen, port: int, within_s: float, log: Path,
             time.sleep(0.05)
 
 
+@contextmanager
 def moto_endpoint(log: Path) -> Iterator[Endpoint]:
     """Start ``moto_server`` on a free port of 127.0.0.1; stop it on leaving."""
     import boto3
