@@ -372,8 +372,10 @@ def _partition_done(ledger: Ledger, key: str) -> None:
 
 
 def _other_sessions(conn: psycopg.Connection) -> int:
+    """Client sessions on the database besides ``conn``'s (an autovacuum worker coming and going
+    must not pass for one of them ending)."""
     return int(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                            " AND pid <> pg_backend_pid()").fetchone()[0])
+                            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchone()[0])
 
 
 def _wait_sessions(conn: psycopg.Connection, most: int) -> None:
