@@ -148,7 +148,11 @@ def _free_port() -> int:
 
 
 def _port_taken(port: int) -> bool:
+    """Whether something listens on ``port``. Connections of a server that crashed, left in
+    TIME_WAIT, do not count (PostgreSQL binds with SO_REUSEADDR too): the server comes back on its
+    port, where the clients it had (a run, a daemon) find it again."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -23,7 +23,9 @@ import os
 import random
 import re
 import signal
+import socket
 import statistics
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -263,7 +265,8 @@ def test_a_finished_cluster_survives_crashes_and_stale_pid_files() -> None:
     """A cluster with data is started again after each of: a crash of every server process; a
     pid file naming a live process that is not the server (a pid reused after a crash or a
     reboot); a killed single-user backend's pid file with the server's log deleted. The data
-    is there every time."""
+    is there every time, and after the crash the server is back on its port, TIME_WAIT left by a
+    client notwithstanding."""
     with embedded_root() as root:
         env = home_env(root / "a")
         pgdata = home_pgdata(env)
@@ -279,10 +282,20 @@ def test_a_finished_cluster_survives_crashes_and_stale_pid_files() -> None:
             assert dsn is not None
             return sql_rows(dsn, "SELECT x FROM keep_me")
 
-        # 1. every server process killed at once (its postmaster stays a zombie until reaped)
+        # 1. every server process killed at once (its postmaster stays a zombie until reaped), with
+        # a client connected over TCP that closes after the crash (the server's side of it is left
+        # in TIME_WAIT): the server comes back on its port, where its clients are
+        port = (pgdata.parent / f".{pgdata.name}.port").read_text().strip()
+        client = socket.create_connection(("127.0.0.1", int(port)), timeout=30)
+        client.sendall(struct.pack("!ii", 8, 80877103))  # SSLRequest: a backend answering it serves the connection
+        assert client.recv(1) in (b"N", b"S")
         assert crash_server(pgdata), "no server processes found"
+        assert client.recv(1) == b"", "the crashed server's side of the connection did not close"
+        client.close()
         check_starts(env)
         assert data() == [(42,)]
+        assert (pgdata.parent / f".{pgdata.name}.port").read_text().strip() == port
+        assert (pgdata / "postmaster.pid").read_text().splitlines()[3].strip() == port
 
         # 2. crashed again, its processes gone (as after a reboot), and its pid another live
         # process's of the server's user by now, in postmaster.pid and in the socket's lock file
