@@ -50,6 +50,9 @@ DEQUEUE_INTERVAL_S = 1
 #: How often run monitoring looks for runs whose worker died (Dagster's default: 120 s); with the
 #: outbox sensor's interval it bounds how long a partition stopped by a dead run waits.
 RUN_MONITORING_POLL_S = 30
+#: How long a launched run may take to start before run monitoring fails it (Dagster's default):
+#: a run whose worker died with the database before it started holds a slot of the queue that long.
+RUN_START_TIMEOUT_S = 180
 DAGSTER_URL_ENV = "STORMLAKE_DAGSTER_PG_URL"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DOTENV_MARK = "# written by stormlake"
@@ -112,7 +115,7 @@ run_retries:
 run_monitoring:
   enabled: true
   poll_interval_seconds: {RUN_MONITORING_POLL_S}
-  start_timeout_seconds: 180
+  start_timeout_seconds: {RUN_START_TIMEOUT_S}
   max_resume_run_attempts: 0
 telemetry:
   enabled: false

@@ -453,7 +453,10 @@ def embedded_root(prefix: str = "stormlake-e2e-") -> Iterator[Path]:
     finally:
         reap_home(root, wait_s=0)  # runs a killed CLI left, whose homes go now
         stop_servers(root)
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("STORMLAKE_TEST_KEEP_HOMES"):  # to read a failed test's homes afterwards
+            sys.stderr.write(f"homes kept in {root}\n")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def server_processes(under: Path) -> list[int]:
@@ -689,14 +692,24 @@ def home_processes(home: Path | str) -> list[int]:
     return found
 
 
-def reap_home(home: Path | str, *, wait_s: float) -> list[int]:
+def reap_home(home: Path | str, *, wait_s: float) -> list[str]:
     """Wait up to ``wait_s`` for every process of ``home`` (:func:`home_processes`) to end, then
-    SIGKILL what is left; the pids killed. No process of a test's home outlives the test."""
+    SIGKILL what is left; each killed one's pid, parent and command line. No process of a test's
+    home outlives the test."""
+    import psutil
+
     deadline = time.monotonic() + wait_s
     while (left := home_processes(home)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    described = []
+    for pid in left:
+        try:
+            p = psutil.Process(pid)
+            described.append(f"{pid} (parent {p.ppid()}): {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            described.append(f"{pid} (gone)")
     signal_all(left, signal.SIGKILL)
-    return left
+    return described
 
 
 def crash_server(pgdata: Path) -> list[int]:

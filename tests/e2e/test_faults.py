@@ -38,6 +38,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pipeline.instance import RUN_START_TIMEOUT_S
 from resources.pgserver import with_database
 from tests.consumer import (
     PHASE_NAMES,
@@ -429,14 +430,17 @@ def finish_home(env: dict[str, str], consumer: Consumer, clean: Clean, *, kills:
     of every partition completed exactly once. ``ended``: the home's last run was that plain
     backfill already (it ended on its own, with exit 0).
     """
+    # A run launched just before a crash of the server can stay STARTING, holding a slot of the
+    # run queue, until run monitoring fails it: the plain backfill may wait that long first.
     if not ended:
-        res = run(env, *ALL_ARGS, timeout=180)
+        res = run(env, *ALL_ARGS, timeout=180 + RUN_START_TIMEOUT_S)
         assert res.returncode == 0, str(res)
     # The runs a killed CLI's daemon had launched go on without it (a run is Dagster's, not the
     # CLI's): they are waited for, as long as a clean run of everything takes and as long again
     # (they can only find their phases done, or finish them), and killed if still there.
     killed = reap_home(env["STORMLAKE_HOME"], wait_s=2 * clean.wall_s)
-    assert not killed, f"processes of the home still running {2 * clean.wall_s:.0f} s after its last backfill: {killed}"
+    assert not killed, (f"processes of the home still running {2 * clean.wall_s:.0f} s after its last backfill:\n"
+                        + "\n".join(killed))
     dsn = ledger_dsn(env)
     assert dsn is not None, "no embedded server runs after a successful backfill"
     final = status(env)
