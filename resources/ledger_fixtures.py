@@ -3,6 +3,7 @@ year's grid (see :mod:`pipeline.tools.bench_scale`). Nothing in the pipeline cal
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import psycopg
@@ -108,4 +109,9 @@ def clone_partitions(dsn: str, grid: Iterable[tuple[str, str, str, str, str]], *
             "receipts": conn.execute("SELECT count(*) FROM receipts").fetchone()[0],
             "partitions": conn.execute("SELECT count(*) FROM partition_state").fetchone()[0],
         }
+        # This session's reads are published before it returns (a session publishes them when it
+        # ends, which a reader of the statistics cannot tell apart from its leaving the list).
+        with contextlib.suppress(psycopg.errors.UndefinedFunction):  # PostgreSQL 15 and later
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            conn.execute("SELECT 1")
     return counts
