@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pipeline.tools.s3_local import Endpoint, free_port, s3_settings, wait_for_port
+from pipeline.tools.s3_local import Endpoint, free_port, s3_settings, stop_server, wait_for_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]  # the project's folder: its requirements.lock
@@ -85,12 +85,7 @@ def redis_broker(folder: Path) -> Iterator[str]:
         wait_for_port(proc, port, 30, log, f"redis-server did not start on port {port}")
         yield f"redis://:{password}@127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def other_user() -> str | None:

@@ -89,6 +89,16 @@ def wait_for_port(proc: subprocess.Popen, port: int, within_s: float, log: Path,
             time.sleep(0.05)
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a local server started for a while (SIGTERM; SIGKILL after 10 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def moto_endpoint(log: Path) -> Iterator[Endpoint]:
     """Start ``moto_server`` on a free port of 127.0.0.1; stop it on leaving."""
@@ -111,12 +121,7 @@ def moto_endpoint(log: Path) -> Iterator[Endpoint]:
         key = iam.create_access_key(UserName="stormlake")["AccessKey"]
         yield Endpoint(url, key["AccessKeyId"], key["SecretAccessKey"])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def s3_settings(endpoint: Endpoint, bucket: str) -> dict[str, str]:
