@@ -35,7 +35,6 @@ from assets.phases import PHASES, Phase
 from assets.plan import BACKFILL_POLICY
 from assets.runner import DeadLettered, Force, Outcome, PhaseRunner
 from assets.schemas import DESCRIPTIONS, PARTITION_COLUMNS, SCHEMAS, table_schema
-from resources.dagster_compat import data_version_tag
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.errors import GraderError, NotLanded, StormlakeError
 from resources.keys import partition_key
@@ -424,21 +423,20 @@ def _log_materializations(context: dg.AssetExecutionContext, phase: Phase, outco
                           lake: Lake) -> None:
     """The materializations of the partitions that succeeded in a step that is about to fail:
     one per table and partition, logged explicitly (``context.log_event``), each with the metadata
-    a successful range step gives it and the table's content hash as its data version
-    (:func:`table_version`).
+    a successful range step gives it, the table's content hash (``table_hash``) among it.
+    ``dg.AssetMaterialization`` takes no data version, so Dagster judges their staleness by time,
+    as it does for any materialization without provenance.
 
     Dagster records them when they are logged, so the failed run still holds them: the
     partitions show materialized in the catalog, and their later phases, which the step's
     failure skips, are continued by the outbox sensor from their checkpoints.
     """
     summary = _range_summary([o for _, o in outcomes])
-    version_tag = data_version_tag()
     for key, outcome in outcomes:
         phase_meta = outcome_metadata(outcome)
         for table in phase.tables:
             context.log_event(dg.AssetMaterialization(
-                asset_key=table, partition=key, metadata={**summary, **table_metadata(outcome, table, lake, phase_meta)},
-                tags={version_tag: table_version(outcome, table)}))
+                asset_key=table, partition=key, metadata={**summary, **table_metadata(outcome, table, lake, phase_meta)}))
 
 
 def _materializations(context: dg.AssetExecutionContext, phase: Phase, outcomes: list[tuple[str, Outcome]],

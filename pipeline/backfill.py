@@ -50,19 +50,6 @@ DAEMON_STOP_S = 60
 BIN = Path(sys.executable).parent
 
 
-def write_workspace(dagster_home: Path) -> Path:
-    """``$DAGSTER_HOME/workspace.yaml``: the code location, for the daemon and ``stormlake ui``.
-
-    The location is named ``stormlake`` everywhere (workspace.yaml, pyproject.toml): Dagster keys
-    sensor and schedule state by it, so every daemon of the instance shares that state."""
-    workspace = dagster_home / "workspace.yaml"
-    text = ("load_from:\n  - python_module:\n      module_name: pipeline.definitions\n"
-            "      location_name: stormlake\n")
-    if not workspace.exists() or workspace.read_text() != text:
-        workspace.write_text(text)
-    return workspace
-
-
 def _die_with_parent() -> None:
     """In the daemon's process before it runs: the kernel sends it SIGKILL when the process that
     started it dies (a killed CLI leaves no daemon behind)."""
@@ -157,7 +144,7 @@ class Daemon:
         return ""
 
     def _start(self, workers: int | None) -> None:
-        from pipeline.instance import prepare_dagster_home
+        from pipeline.instance import prepare_dagster_home, write_workspace
 
         assert self.fd is not None
         if workers is not None:  # the queue's limit for this daemon (dagster.yaml is read when it starts)
@@ -197,10 +184,6 @@ class Daemon:
             return ""
         self._start(workers)
         return "the daemon this backfill used stopped; started one for it"
-
-    @property
-    def own(self) -> bool:
-        return self.proc is not None
 
     def stop(self) -> None:
         """Stop the daemon started here (it stops its code server); a daemon that does not stop in
@@ -357,8 +340,11 @@ class Watch:
             return False
         # The backfill is over: a partition left between phases waits for the outbox sensor's run.
         self.ended_at = self.ended_at or time.monotonic()
-        between = any(r.phases.get(p.name) in ("COMPLETED", "SKIPPED") for r in self.left for p in PHASES[self.first:])
-        return not between or time.monotonic() - self.ended_at > OUTBOX_WAIT_S
+        return not self.between() or time.monotonic() - self.ended_at > OUTBOX_WAIT_S
+
+    def between(self) -> list[str]:
+        """The keys left that some phase of the backfill finished: stopped between phases."""
+        return [r.key for r in self.left if any(r.phases.get(p.name) in ("COMPLETED", "SKIPPED") for p in PHASES[self.first:])]
 
 
 def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, force: Force | None,
@@ -416,7 +402,7 @@ def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, fo
                 if said:
                     sys.stderr.write(f"stormlake: {said}\n")
                 time.sleep(POLL_S)
-            stopped = [r.key for r in watch.left if any(r.phases.get(p.name) in ("COMPLETED", "SKIPPED") for p in PHASES[first:])]
+            stopped = watch.between()
             for run in watch.left:
                 failed = None if run.key in stopped else watch.failed_run_of(run.key)
                 if failed:

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -173,7 +172,9 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         sys.stderr.flush()
 
     t = time.monotonic()
-    with _local_folder_for(settings.landing) as folder:
+    from resources.storage import local_folder_for
+
+    with local_folder_for(settings.landing) as folder:
         generate_scenario(folder, regions[: args.regions], days=args.days, start=start,
                           rows_per_partition=args.rows_per_partition, seed=args.seed, noisy=noisy,
                           as_of=as_of, progress=progress)
@@ -184,23 +185,6 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
           f"{f' over the whole day, those reported up to {as_of.isoformat()}' if as_of else ''}) "
           f"to {settings.landing} in {time.monotonic() - t:.1f}s")
     return 0
-
-
-@contextlib.contextmanager
-def _local_folder_for(location: Path | str):  # -> Iterator[Path]
-    """A local folder whose files end up at ``location``: the folder itself, or for object storage
-    a temporary folder whose files are uploaded, each with one PUT, when the block ends."""
-    from resources.storage import LocalStorage, open_storage
-
-    store = open_storage(location)
-    if isinstance(store, LocalStorage):
-        yield store.root
-        return
-    with tempfile.TemporaryDirectory(prefix="stormlake-generate-") as tmp:
-        yield Path(tmp)
-        for path in sorted(Path(tmp).rglob("*")):
-            if path.is_file():
-                store.put(path.relative_to(tmp).as_posix(), path.read_bytes())
 
 
 def _as_of(text: str | None) -> dt.datetime | None:
@@ -256,18 +240,26 @@ def _force(args: argparse.Namespace):  # -> assets.runner.Force | None
     return Force(args.from_phase, args.reason.strip(), _operator(), uuid.uuid4().hex)
 
 
+def _outcome(runs: list) -> tuple[list, int, int]:
+    """(the partitions that failed, phases computed, artifacts delivered) of a backfill's runs."""
+    return ([r for r in runs if not r.ok], sum(s == "COMPLETED" for r in runs for s in r.phases.values()),
+            sum(len(r.delivered) for r in runs))
+
+
+def _say_failed(failed: list) -> None:
+    for r in failed:
+        if r.error:
+            print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+
+
 def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
     keys, rejected = select_partitions(settings, args.regions, args.days)
     _say_rejected(rejected)
     runs = _run(settings, keys, args.workers, _force(args))
-    failed = [r for r in runs if not r.ok]
-    computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
-    delivered = sum(len(r.delivered) for r in runs)
+    failed, computed, delivered = _outcome(runs)
     print(f"{len(runs) - len(failed)}/{len(runs)} partitions succeeded; {computed} phases computed, "
           f"{delivered} artifact deliveries")
-    for r in failed:
-        if r.error:
-            print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+    _say_failed(failed)
     return 1 if failed or rejected else 0
 
 
@@ -285,13 +277,9 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     for line in render_table(_ledger(settings)):
         print(line)
-    failed = [r for r in runs if not r.ok]
-    computed = sum(s == "COMPLETED" for r in runs for s in r.phases.values())
-    delivered = sum(len(r.delivered) for r in runs)
+    failed, computed, delivered = _outcome(runs)
+    _say_failed(failed)
     if failed or rejected:
-        for r in failed:
-            if r.error:
-                print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
         return 1
     if computed == 0 and delivered == 0:
         print(f"nothing to do: all {len(runs)} partitions were already published; no phase ran, nothing delivered")
@@ -387,11 +375,8 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{args.key} had no dead-lettered, failed or held phase; the release is recorded")
         return 0
     # A held batch: deliver it now, exactly once, through the same run as a backfill of the key.
-    runs = _run(settings, [args.key])
-    delivered = sum(len(r.delivered) for r in runs)
-    failed = [r for r in runs if not r.ok]
-    for r in failed:
-        print(f"stormlake: {r.key} failed: {r.error}", file=sys.stderr)
+    failed, _, delivered = _outcome(_run(settings, [args.key]))
+    _say_failed(failed)
     if not failed:
         print(f"released {args.key}: {release.held_phase} delivered {delivered} artifacts")
     return 1 if failed else 0
@@ -567,41 +552,20 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from pipeline.tools.bench_month import run_month_bench
 
         return run_month_bench(args, settings, year=args.year)
-    if args.live:
-        from pipeline.tools.bench_live import run_live_bench
+    import importlib
 
-        return run_live_bench(args, settings)
-    if args.all:
-        from pipeline.tools.bench_year import run_year_bench
-
-        return run_year_bench(args, settings)
-    if args.scale:
-        from pipeline.tools.bench_scale import run_scale_bench
-
-        return run_scale_bench(args, settings)
-    if args.ui:
-        from pipeline.tools.bench_ui import DEFAULTS, run_ui_bench
-
-        args.partitions = args.partitions or DEFAULTS["partitions"]
-        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
-        return run_ui_bench(args, settings)
-    if args.engine:
-        from pipeline.tools.bench_engine import DEFAULTS, run_engine_bench
-
-        args.partitions = args.partitions or DEFAULTS["partitions"]
-        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
-        return run_engine_bench(args, settings)
-    if args.workers:
-        from pipeline.tools.bench_workers import DEFAULTS, run_workers_bench
-
-        args.partitions = args.partitions or DEFAULTS["partitions"]
-        args.rows_per_partition = args.rows_per_partition or DEFAULTS["rows_per_partition"]
-        return run_workers_bench(args, settings)
-    from pipeline.tools.bench import run_bench
-
-    args.partitions = args.partitions or 8
-    args.rows_per_partition = args.rows_per_partition or 200_000
-    return run_bench(args, settings)
+    # The first of these flags given picks the bench (none: bare transforms against the pipeline):
+    # its module, and whether it takes --partitions and --rows (defaults: the module's DEFAULTS).
+    benches = {"live": ("bench_live", False), "all": ("bench_year", False), "scale": ("bench_scale", False),
+               "ui": ("bench_ui", True), "engine": ("bench_engine", True), "workers": ("bench_workers", True)}
+    name = next((n for n in benches if getattr(args, n)), None)
+    module_name, sized = benches[name] if name else ("bench", True)
+    module = importlib.import_module(f"pipeline.tools.{module_name}")
+    if sized:
+        defaults = getattr(module, "DEFAULTS", {"partitions": 8, "rows_per_partition": 200_000})
+        args.partitions = args.partitions or defaults["partitions"]
+        args.rows_per_partition = args.rows_per_partition or defaults["rows_per_partition"]
+    return getattr(module, f"run_{module_name.removeprefix('bench_')}_bench" if name else "run_bench")(args, settings)
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
@@ -676,7 +640,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     _prepare(settings)
     # The code location resolves the same settings in whatever folder dg dev's processes run.
     env = dict(os.environ, STORMLAKE_HOME=str(settings.home))
-    from pipeline.backfill import write_workspace
+    from pipeline.instance import write_workspace
 
     workspace = write_workspace(Path(env["DAGSTER_HOME"]))
     stopping = False
@@ -702,14 +666,10 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(DEV_STOP_S)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # what is left of its group: a hung server, a run worker
-        except (ProcessLookupError, PermissionError):
-            pass
         proc.wait()
         if embedded:
             stop_embedded(settings.pgdata)

@@ -328,3 +328,16 @@ def _rename_database(conn: psycopg.Connection, old: str, new: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def write_workspace(dagster_home: Path) -> Path:
+    """``$DAGSTER_HOME/workspace.yaml``: the code location, for the daemon and ``stormlake ui``.
+
+    The location is named ``stormlake`` everywhere (workspace.yaml, pyproject.toml): Dagster keys
+    sensor and schedule state by it, so every daemon of the instance shares that state."""
+    workspace = dagster_home / "workspace.yaml"
+    text = ("load_from:\n  - python_module:\n      module_name: pipeline.definitions\n"
+            "      location_name: stormlake\n")
+    if not workspace.exists() or workspace.read_text() != text:
+        workspace.write_text(text)
+    return workspace

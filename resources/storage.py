@@ -20,8 +20,11 @@ naming the URL (never a credential) and what went wrong.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
+import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,3 +331,18 @@ def _without_secrets(text: str) -> str:
         if secret:
             text = text.replace(secret, "…")
     return text
+
+
+@contextlib.contextmanager
+def local_folder_for(location: Path | str) -> Iterator[Path]:
+    """A local folder whose files end up at ``location``: the folder itself, or for object storage
+    a temporary folder whose files are uploaded, each with one PUT, when the block ends."""
+    store = open_storage(location)
+    if isinstance(store, LocalStorage):
+        yield store.root
+        return
+    with tempfile.TemporaryDirectory(prefix="stormlake-generate-") as tmp:
+        yield Path(tmp)
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                store.put(path.relative_to(tmp).as_posix(), path.read_bytes())

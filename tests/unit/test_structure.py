@@ -1,0 +1,61 @@
+"""The shape of the road to the phases: the execution side stays small, and neither the phases nor
+the road knows of a screen (progress is read from the ledger and the instance)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: What starts, watches and reaches Dagster for a partition: the command line, the backfill it
+#: submits and watches, and the one module of Dagster's non-public symbols.
+EXECUTION_SIDE = ("pipeline/cli.py", "pipeline/backfill.py", "resources/dagster_compat.py")
+MOST_LINES = 1_400
+#: The modules that only the command line may import: what draws on a terminal.
+SCREEN = ("pipeline.progress", "pipeline.console", "pipeline.cli")
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_execution_side_is_at_most_1400_lines() -> None:
+    lines = {name: len((ROOT / name).read_text(encoding="utf-8").splitlines()) for name in EXECUTION_SIDE}
+    assert sum(lines.values()) <= MOST_LINES, lines
+
+
+def test_the_phases_and_the_road_import_no_screen() -> None:
+    road = [*sorted((ROOT / "assets").glob("*.py")), *sorted((ROOT / "resources").glob("*.py")),
+            ROOT / "pipeline/preflight.py", ROOT / "pipeline/definitions.py", ROOT / "pipeline/sensors.py"]
+    found = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.startswith(SCREEN)) for p in road}
+    assert not {p: m for p, m in found.items() if m}
+
+
+#: The one module of ``assets`` that is no phase and reaches compat: the landing zone's source
+#: asset, whose observations the sensor and the CLI report outside an observation function and
+#: whose versions are read back from them (Dagster's data version tag; compat says why).
+NOT_A_PHASE = {"assets/landing_files.py"}
+
+
+def _compat_or_private(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found += [n for n in [node.module, *names] if n.startswith(("dagster._", "resources.dagster_compat"))]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith(("dagster._", "resources.dagster_compat"))]
+    return sorted(set(found))
+
+
+def test_the_phases_use_public_dagster_only() -> None:
+    modules = {str(p.relative_to(ROOT)): p for p in sorted((ROOT / "assets").glob("*.py"))}
+    found = {name: _compat_or_private(p) for name, p in modules.items() if name not in NOT_A_PHASE}
+    assert not {p: m for p, m in found.items() if m}
+    assert all(_compat_or_private(modules[name]) for name in NOT_A_PHASE), "no exception is needed any more"
