@@ -36,16 +36,17 @@ browser:
 broker:
 	@bash tests/ensure_redis.sh
 
-# Two workers: most end-to-end tests wait on subprocesses, the daemon and PostgreSQL. The long
-# end-to-end tests are collected first (tests/conftest.py) and a worker that runs out of tests
-# takes half of what waits for the other (worksteal), so no long test waits at the end behind
-# another while a worker is idle.
+# Two pytest-xdist workers a core: the suite's processes wait on Dagster's daemon, its runs and
+# PostgreSQL about as much as they compute, so two a core keep the cores busy. The long end-to-end
+# tests are collected first (tests/conftest.py) and a worker that runs out of tests takes half of
+# what waits for another (worksteal), so no long test waits at the end behind another.
 # The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 test: $(STAMP) browser broker
-	$(BIN)/python -m pytest -m "not slow" -n 2 --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-all: $(STAMP) browser broker
-	$(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline assets resources tests
