@@ -48,7 +48,11 @@ OWNER, PIPELINE, OPERATOR, DAGSTER = "stormlake_owner", "stormlake_pipeline", "s
 GROUP_ROLES = ("resume_worker", "ops_reader", "compliance_auditor", "admin")
 READER_ROLES = ("ops_reader", "compliance_auditor", "admin")
 #: Bumped when the embedded logins' set-up changes, so that a home made before is set up again.
-_SETUP_VERSION = "1"
+_SETUP_VERSION = "2"
+#: The SCRAM iteration count of the embedded logins' password verifiers (PostgreSQL's default is
+#: 4096). Their passwords are random, so stretching adds no strength, and Dagster's storage opens
+#: a connection for every event it writes (dagster-postgres pools none), each paying the count.
+SCRAM_ITERATIONS = 16
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ def _set_up(pgdata: Path, admin: str) -> None:
         write_secret(pgdata, name, passwords[name])
     try:
         with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(SCRAM_ITERATIONS)))
             for role in GROUP_ROLES:
                 _role(conn, role, login=False)
             _role(conn, OWNER, password=passwords[OWNER], createrole=True)
@@ -204,6 +209,7 @@ def _set_up(pgdata: Path, admin: str) -> None:
         finally:
             owner_ledger.close()
         with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(SCRAM_ITERATIONS)))
             _role(conn, PIPELINE, password=passwords[PIPELINE], member_of=("resume_worker",))
             _role(conn, OPERATOR, password=passwords[OPERATOR], member_of=READER_ROLES)
     except psycopg.Error as exc:

@@ -82,3 +82,28 @@ def test_another_unix_user_cannot_connect(server: tuple[Path, dict[str, str]]) -
     peek = subprocess.run(["runuser", "-u", "nobody", "--", "cat", str(pgdata.parent / "secrets" / "postgres")],
                           capture_output=True, text=True, timeout=60, cwd="/")
     assert peek.returncode != 0 and read_secret(pgdata, "postgres") not in peek.stdout
+
+
+def test_the_logins_are_made_with_random_passwords_whose_verifiers_are_cheap_to_check(
+        server: tuple[Path, dict[str, str]]) -> None:
+    """Each login the first start makes gets in with its own password (Dagster's through its
+    libpq password file), and none with another; their verifiers use SCRAM_ITERATIONS, the superuser's
+    PostgreSQL's default."""
+    from resources.logins import DAGSTER, OPERATOR, OWNER, PIPELINE, SCRAM_ITERATIONS, embedded_logins
+
+    pgdata, info = server
+    logins = embedded_logins(pgdata)
+    for dsn in (logins.owner, logins.pipeline, logins.reader):
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] in (OWNER, PIPELINE, OPERATOR)
+    # Dagster's database is made on the instance's first use: getting that far is getting in.
+    with pytest.raises(psycopg.OperationalError, match='database "dagster" does not exist'):
+        psycopg.connect(logins.dagster, connect_timeout=5)
+        wrong = {**psycopg.conninfo.conninfo_to_dict(dsn), "password": "not-the-password", "passfile": os.devnull}
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(**wrong, connect_timeout=5)
+    with psycopg.connect(**info) as conn:
+        verifiers = dict(conn.execute("SELECT rolname, rolpassword FROM pg_authid WHERE rolpassword IS NOT NULL").fetchall())
+    assert {name: v.split(":")[0] for name, v in verifiers.items()} == {
+        **{name: f"SCRAM-SHA-256${SCRAM_ITERATIONS}" for name in (OWNER, PIPELINE, OPERATOR, DAGSTER)},
+        "postgres": "SCRAM-SHA-256$4096"}
