@@ -40,8 +40,9 @@ broker:
 # PostgreSQL about as much as they compute, so two a core keep the cores busy. The long end-to-end
 # tests are collected first (tests/conftest.py) and a worker that runs out of tests takes half of
 # what waits for another (worksteal), so no long test waits at the end behind another.
+# At most 8: each end-to-end test runs a daemon, a code server and runs of its own.
 # The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
-TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
+TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc 2>/dev/null || echo 1) )); echo $$(( n > 8 ? 8 : n )))
 test: $(STAMP) browser broker
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
