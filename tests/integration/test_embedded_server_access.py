@@ -87,9 +87,10 @@ def test_another_unix_user_cannot_connect(server: tuple[Path, dict[str, str]]) -
 def test_the_logins_are_made_with_random_passwords_whose_verifiers_are_cheap_to_check(
         server: tuple[Path, dict[str, str]]) -> None:
     """Each login the first start makes gets in with its own password (Dagster's through its
-    libpq password file), and none with another; their verifiers use SCRAM_ITERATIONS, the superuser's
-    PostgreSQL's default."""
-    from resources.logins import DAGSTER, OPERATOR, OWNER, PIPELINE, SCRAM_ITERATIONS, embedded_logins
+    libpq password file), and none with another; their verifiers and the superuser's use
+    SCRAM_ITERATIONS."""
+    from resources.logins import DAGSTER, OPERATOR, OWNER, PIPELINE, embedded_logins
+    from resources.pgserver import SCRAM_ITERATIONS
 
     pgdata, info = server
     logins = embedded_logins(pgdata)
@@ -105,5 +106,16 @@ def test_the_logins_are_made_with_random_passwords_whose_verifiers_are_cheap_to_
     with psycopg.connect(**info) as conn:
         verifiers = dict(conn.execute("SELECT rolname, rolpassword FROM pg_authid WHERE rolpassword IS NOT NULL").fetchall())
     assert {name: v.split(":")[0] for name, v in verifiers.items()} == {
-        **{name: f"SCRAM-SHA-256${SCRAM_ITERATIONS}" for name in (OWNER, PIPELINE, OPERATOR, DAGSTER)},
-        "postgres": "SCRAM-SHA-256$4096"}
+        name: f"SCRAM-SHA-256${SCRAM_ITERATIONS}" for name in (OWNER, PIPELINE, OPERATOR, DAGSTER, "postgres")}
+
+
+def test_a_server_started_again_in_the_same_process_is_the_one_stopped(server: tuple[Path, dict[str, str]]) -> None:
+    """Stopping, starting and stopping again from one process stops the server that runs."""
+    from resources.pgserver import is_running
+
+    pgdata, _ = server
+    assert stop_embedded(pgdata) and not is_running(pgdata)
+    embedded_server_dsn(pgdata)
+    assert is_running(pgdata)
+    assert stop_embedded(pgdata)
+    assert not is_running(pgdata)
