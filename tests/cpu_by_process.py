@@ -21,7 +21,7 @@ from pathlib import Path
 
 #: (a piece of the command line, the kind); the first that matches names the process.
 KINDS = (
-    ("postgres", "postgres"),
+    ("/bin/postgres ", "postgres"),
     ("liveness-check", "dagster-daemon liveness-check"),
     ("dagster-daemon run", "dagster-daemon"),
     ("api grpc", "code server"),
@@ -42,10 +42,10 @@ KINDS = (
 def kind(cmdline: str) -> str:
     if not cmdline:
         return "kernel"
-    head = cmdline[:60]
-    if head.startswith("postgres"):
+    if cmdline.startswith("postgres"):  # a backend names itself "postgres: user database ..."
         return "postgres"
-    return next((k for piece, k in KINDS if piece in cmdline), "other")
+    # The first 200 characters: a code server's later arguments hold the instance's settings.
+    return next((k for piece, k in KINDS if piece in cmdline[:200]), "other")
 
 
 def _ticks(pid: str) -> tuple[str, int, str] | None:
