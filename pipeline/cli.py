@@ -562,9 +562,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     module_name, sized = benches[name] if name else ("bench", True)
     module = importlib.import_module(f"pipeline.tools.{module_name}")
     if sized:
-        defaults = getattr(module, "DEFAULTS", {"partitions": 8, "rows_per_partition": 200_000})
-        args.partitions = args.partitions or defaults["partitions"]
-        args.rows_per_partition = args.rows_per_partition or defaults["rows_per_partition"]
+        args.partitions = args.partitions or module.DEFAULTS["partitions"]
+        args.rows_per_partition = args.rows_per_partition or module.DEFAULTS["rows_per_partition"]
     return getattr(module, f"run_{module_name.removeprefix('bench_')}_bench" if name else "run_bench")(args, settings)
 
 

@@ -174,23 +174,14 @@ def _is(path: Path, text: str) -> bool:
 def _set_up(pgdata: Path, admin: str) -> None:
     """Make (or mend) the embedded server's logins and databases, as its superuser."""
     from resources.ledger import Ledger
-    from resources.pgserver import (
-        DAGSTER_DB,
-        LEDGER_DB,
-        SCRAM_ITERATIONS,
-        new_password,
-        read_secret,
-        server_dsn,
-        write_secret,
-    )
+    from resources.pgserver import DAGSTER_DB, LEDGER_DB, new_password, read_secret, server_dsn, write_secret
 
     passwords = {}
     for name in (OWNER, PIPELINE, OPERATOR, DAGSTER):
         passwords[name] = read_secret(pgdata, name) or new_password()
         write_secret(pgdata, name, passwords[name])
     try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(SCRAM_ITERATIONS)))
+        with _superuser(admin) as conn:
             for role in GROUP_ROLES:
                 _role(conn, role, login=False)
             _role(conn, OWNER, password=passwords[OWNER], createrole=True)
@@ -212,13 +203,22 @@ def _set_up(pgdata: Path, admin: str) -> None:
             owner_ledger.migrate()
         finally:
             owner_ledger.close()
-        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(SCRAM_ITERATIONS)))
+        with _superuser(admin) as conn:
             _role(conn, PIPELINE, password=passwords[PIPELINE], member_of=("resume_worker",))
             _role(conn, OPERATOR, password=passwords[OPERATOR], member_of=READER_ROLES)
     except psycopg.Error as exc:
         raise LedgerUnavailable(f"could not set up the embedded server's logins: {exc.__class__.__name__}:"
                                 f" {' '.join(str(exc).split())[:240]}") from exc
+
+
+@contextlib.contextmanager
+def _superuser(admin: str) -> Iterator[psycopg.Connection]:
+    """A session of the embedded server's superuser whose passwords get the server's verifiers."""
+    from resources.pgserver import SCRAM_ITERATIONS
+
+    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(SCRAM_ITERATIONS)))
+        yield conn
 
 
 def _role(conn: psycopg.Connection, name: str, *, login: bool = True, password: str | None = None,

@@ -341,7 +341,7 @@ def local_folder_for(location: Path | str) -> Iterator[Path]:
     if isinstance(store, LocalStorage):
         yield store.root
         return
-    with tempfile.TemporaryDirectory(prefix="stormlake-generate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stormlake-upload-") as tmp:
         yield Path(tmp)
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():

@@ -97,6 +97,7 @@ if TYPE_CHECKING:
     from resources.landing import Landing
     from resources.publisher import FileTarget
 
+DEFAULTS = {"partitions": 8, "rows_per_partition": 200_000}
 SKIPPABLE = ("resume", "commit")
 COMMIT_WRITERS = 4
 COMMIT_ITERATIONS = 250

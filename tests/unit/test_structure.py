@@ -16,10 +16,11 @@ SCREEN = ("pipeline.progress", "pipeline.console", "pipeline.cli")
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, and each name it imports from one (``module.name``)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
@@ -40,22 +41,13 @@ def test_the_phases_and_the_road_import_no_screen() -> None:
 #: The one module of ``assets`` that is no phase and reaches compat: the landing zone's source
 #: asset, whose observations the sensor and the CLI report outside an observation function and
 #: whose versions are read back from them (Dagster's data version tag; compat says why).
+#: Dagster's private modules are compat's alone (tests/unit/test_public_api.py).
 NOT_A_PHASE = {"assets/landing_files.py"}
-
-
-def _compat_or_private(path: Path) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [f"{node.module}.{a.name}" for a in node.names]
-            found += [n for n in [node.module, *names] if n.startswith(("dagster._", "resources.dagster_compat"))]
-        elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.startswith(("dagster._", "resources.dagster_compat"))]
-    return sorted(set(found))
+COMPAT = "resources.dagster_compat"
 
 
 def test_the_phases_use_public_dagster_only() -> None:
     modules = {str(p.relative_to(ROOT)): p for p in sorted((ROOT / "assets").glob("*.py"))}
-    found = {name: _compat_or_private(p) for name, p in modules.items() if name not in NOT_A_PHASE}
-    assert not {p: m for p, m in found.items() if m}
-    assert all(_compat_or_private(modules[name]) for name in NOT_A_PHASE), "no exception is needed any more"
+    found = {name: sorted(m for m in _imports(p) if m.startswith(COMPAT)) for name, p in modules.items()}
+    assert not {p: m for p, m in found.items() if m and p not in NOT_A_PHASE}
+    assert all(found[name] for name in NOT_A_PHASE), "no exception is needed any more"
