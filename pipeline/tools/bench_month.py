@@ -58,6 +58,20 @@ PROGRESS_EVERY_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
 
 
+def first_day(configured: str, days: int, today: dt.date) -> dt.date:
+    """The first of ``days`` days to generate: the configured first day, or earlier, so that the
+    last is no later than yesterday (a day after today is no partition yet).
+
+    Example:
+        >>> first_day("2026-09-01", 30, dt.date(2026, 12, 6))
+        datetime.date(2026, 9, 1)
+        >>> first_day("2026-09-01", 365, dt.date(2026, 12, 6))
+        datetime.date(2025, 12, 6)
+    """
+    first = dt.date.fromisoformat(configured)
+    return min(first, today - dt.timedelta(days=days))
+
+
 def _say(msg: str) -> None:
     sys.stderr.write(f"bench --month: {msg}\n")
     sys.stderr.flush()
@@ -400,13 +414,13 @@ def measure_month(args: argparse.Namespace, settings, *, year: bool = False) -> 
     regions_file = root / "regions.csv"
     regions = write_region_file(regions_file, size["regions"])
     landing = root / "landing"
-    first = dt.date.fromisoformat(settings.first_day)
+    first = first_day(settings.first_day, size["days"], dt.datetime.now(dt.UTC).date())
     keys = [partition_key((first + dt.timedelta(days=d)).isoformat(), r.region_id)
             for d in range(size["days"]) for r in regions]
     _say(f"generating {size['regions']} regions x {size['days']} days x {size['rows_per_partition']:,} rows "
          f"({len(keys):,} partitions)")
     t = time.perf_counter()
-    generate_scenario(landing, regions, days=size["days"], start=settings.first_day,
+    generate_scenario(landing, regions, days=size["days"], start=first.isoformat(),
                       rows_per_partition=size["rows_per_partition"], seed=args.seed)
     _say(f"generated in {time.perf_counter() - t:.1f} s")
     dbs = Databases(settings.pg_dsn, settings.pgdata)
@@ -416,6 +430,7 @@ def measure_month(args: argparse.Namespace, settings, *, year: bool = False) -> 
             ledger_dsn, _ = dbs.create()
             env = _child_env(root / side, landing, ledger_dsn)
             env["STORMLAKE_REGIONS"] = str(regions_file)
+            env["STORMLAKE_FIRST_DAY"] = first.isoformat()
             if side == "cli":
                 prepare_home(env)
                 _say(f"cli: stormlake backfill of {len(keys):,} partitions (its output in {root / 'cli.log'})")
