@@ -102,9 +102,12 @@ class Daemon:
         return fd
 
     def begin(self) -> None:
-        """Start finding out which daemon serves the backfill (the check runs meanwhile)."""
+        """Start finding out which daemon serves the backfill (the check runs meanwhile). An
+        instance whose storage this process has just made has had no daemon: no check."""
+        from pipeline.instance import made_here
+
         self.fd = self._lock()
-        if self.fd is not None:
+        if self.fd is not None and not made_here(self.settings):
             self.checking = self._liveness()
 
     def _liveness(self) -> subprocess.Popen[bytes]:
@@ -133,8 +136,8 @@ class Daemon:
         if self.fd is None:
             self.borrowed = "cli"
             return "the daemon of another stormlake backfill runs it"
-        assert self.checking is not None
-        live, self.checking, self.checked = self.checking.wait() == 0, None, time.monotonic()
+        live = self.checking is not None and self.checking.wait() == 0
+        self.checking, self.checked = None, time.monotonic()
         if live:
             os.close(self.fd)
             self.fd = None

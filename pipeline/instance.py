@@ -60,6 +60,9 @@ _STORAGE_LOCK = 7_406_002  # advisory lock id serialising the making of Dagster'
 #: How long a new storage database may stay in use after its instance closed before its rename
 #: gives up (the server ends a closed connection's session at once; this is a generous bound).
 RENAME_DEADLINE_S = 60
+#: The Dagster storage databases this process made, by server and name (:func:`ensure_dagster_storage`):
+#: no daemon can have run on one yet (:func:`made_here`).
+_MADE: set[tuple[str, str, str]] = set()
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -274,10 +277,22 @@ def ensure_dagster_storage(dagster_dsn: str, maker_dsn: str | None) -> bool:
                 conn.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(sql.Identifier(new)))
             make_storage(with_database(dagster_dsn, new))
             _rename_database(conn, new, name)
+            _MADE.add(_where(dagster_dsn))
     except psycopg.Error as exc:
         raise LedgerUnavailable(f"could not make Dagster's storage database {name}: {exc.__class__.__name__}:"
                                 f" {' '.join(str(exc).split())[:240]}") from exc
     return True
+
+
+def made_here(settings: Settings) -> bool:
+    """Whether this process made the settings' Dagster storage database (so it has never had a daemon)."""
+    return _where(resolve_logins(settings).dagster) in _MADE
+
+
+def _where(dsn: str) -> tuple[str, str, str]:
+    """A database's server (host, port) and name."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(info.get("host") or ""), str(info.get("port") or ""), _dbname(dsn)
 
 
 def make_storage(dagster_dsn: str) -> None:

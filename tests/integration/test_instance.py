@@ -229,3 +229,27 @@ def test_stormlake_workers_is_the_run_queue_s_limit(sl_env: dict[str, str], monk
     with dg.DagsterInstance.get() as instance:
         queue = instance.get_concurrency_config().run_queue_config
     assert queue.max_concurrent_runs == 3 and not queue.tag_concurrency_limits
+
+
+def test_the_first_backfill_of_a_new_instance_checks_for_no_daemon(sl_env: dict[str, str]) -> None:
+    """A process that has just made the instance's storage asks no ``dagster-daemon liveness-check``
+    (no daemon has run on it); the next process, on the same instance, asks."""
+    from pipeline.backfill import Daemon
+    from pipeline.instance import prepare_dagster_home
+    from resources.settings import load_settings
+
+    settings = load_settings()
+    prepare_dagster_home(settings)
+    first = Daemon(settings, dict(os.environ))
+    first.begin()
+    try:
+        assert first.fd is not None and first.checking is None
+    finally:
+        first.cancel()
+
+    code = ("import os; from pipeline.backfill import Daemon; from pipeline.instance import prepare_dagster_home;"
+            " from resources.settings import load_settings; s = load_settings(); prepare_dagster_home(s);"
+            " d = Daemon(s, dict(os.environ)); d.begin(); print(d.checking is not None, d.checking.wait()); d.cancel()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "1"]  # asked, and no daemon is live
