@@ -60,34 +60,41 @@ def keys_with_files(landing: Landing, *, today: str | None = None) -> list[str]:
 
 #: Observations read per query by :func:`latest_versions`, at least.
 PAGE = 200
+#: Observations :func:`observe` reports at once.
+REPORTERS = 8
+#: Partitions asked for in one query: its page (twice as many records) stays under the 10,000
+#: records Dagster returns at most per query.
+CHUNK = 4_000
 
 
 def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[str, str]:
     """Partition key -> data version of its latest observation of ``landing_files``.
 
     Dagster returns the observations of the asked partitions newest first, so the first one seen
-    of a partition is its latest; pages are read until every asked partition has its version or
-    none is left. A partition's observations are one per content change, and the callers ask
-    only for the partitions whose files changed or wait, so one page is the usual cost.
+    of a partition is its latest. The partitions are asked :data:`CHUNK` at a time, and each
+    chunk's pages are read until every one of them has its version or none is left. A
+    partition's observations are one per content change, so one page a chunk is the usual cost.
     Partitions never observed (or observed without a data version) are left out.
     """
-    wanted = {str(k) for k in keys}
+    asked = sorted({str(k) for k in keys})
     found: dict[str, str] = {}
-    if not wanted:
-        return found
-    flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=sorted(wanted))
-    cursor = None
-    while True:
-        page = instance.fetch_observations(flt, limit=max(PAGE, 2 * len(wanted)), cursor=cursor)
-        for record in page.records:
-            observation = record.asset_observation
-            if observation is None or observation.partition not in wanted or observation.partition in found:
-                continue
-            if DATA_VERSION_TAG in observation.tags:
-                found[observation.partition] = observation.tags[DATA_VERSION_TAG]
-        if len(found) == len(wanted) or not page.has_more:
-            return found
-        cursor = page.cursor
+    for start in range(0, len(asked), CHUNK):
+        wanted = set(asked[start:start + CHUNK])
+        flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=sorted(wanted))
+        cursor, got = None, 0
+        while True:
+            page = instance.fetch_observations(flt, limit=max(PAGE, 2 * len(wanted)), cursor=cursor)
+            for record in page.records:
+                observation = record.asset_observation
+                if observation is None or observation.partition not in wanted or observation.partition in found:
+                    continue
+                if DATA_VERSION_TAG in observation.tags:
+                    found[observation.partition] = observation.tags[DATA_VERSION_TAG]
+                    got += 1
+            if got == len(wanted) or not page.has_more:
+                break
+            cursor = page.cursor
+    return found
 
 
 def changed_versions(instance: dg.DagsterInstance, landing: Landing, keys: Iterable[str]) -> dict[str, str]:
@@ -142,7 +149,12 @@ def observe(instance: dg.DagsterInstance, zone: Landing, keys: Iterable[str]) ->
     missing file counts in the fingerprint as missing, as in the sensor's observations of
     partitions that wait. Returns the versions recorded, by partition key.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     changed = changed_versions(instance, zone, keys)
-    for observation in observations(changed):
-        instance.report_runless_asset_event(observation)
+    # Each report is a few statements on connections of their own (dagster-postgres pools none),
+    # mostly waiting on the server: a few at once.
+    with ThreadPoolExecutor(max_workers=REPORTERS) as pool:
+        for _ in pool.map(instance.report_runless_asset_event, observations(changed)):
+            pass
     return changed

@@ -308,6 +308,12 @@ def test_latest_versions_pages_through_the_asked_partitions_only(dagster_db: str
         assert latest_versions(instance, ["b", "a", "c", "never"]) == {"a": "3", "b": "2"}
         assert latest_versions(instance, ["x"]) == {"x": "9"}
         assert latest_versions(instance, []) == {}
+        monkeypatch.undo()
+        # a year of 50 regions at once: more partitions than Dagster returns records in one query
+        year = [f"d{i:05d}" for i in range(18_250)]
+        assert latest_versions(instance, [*year, "a"]) == {"a": "3"}
+        monkeypatch.setattr(landing_files, "CHUNK", 2)  # a few partitions a query
+        assert latest_versions(instance, ["never", "c", "b", "x", "a"]) == {"a": "3", "b": "2", "x": "9"}
 
 
 def test_landing_sensor_observes_changed_contents_only(sl_env: dict[str, str], instance) -> None:
