@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 #: backfill's runs are over: one tick of it (``pipeline.sensors.SENSOR_INTERVAL_S``) and its run's start.
 OUTBOX_WAIT_S = 45
 POLL_S = 1.0
+POLL_SPREAD = 20  # after a poll of t s the next waits 20 t: watching a year stays a small share of a core
 DAEMON_STOP_S = 60
 BIN = Path(sys.executable).parent
 
@@ -400,11 +401,14 @@ def run_backfill(settings: Settings, keys: list[str], *, workers: int | None, fo
             watch = Watch(instance, runner.ledger, backfill_id, keys, first=first, mark=mark,
                           dead_letter_after=settings.dead_letter_after)
             results: list[PartitionRun] = []
-            while not watch.poll(progress, results):
+            while True:
+                began = time.monotonic()
+                if watch.poll(progress, results):
+                    break
                 said = daemon.check(workers)
                 if said:
                     sys.stderr.write(f"stormlake: {said}\n")
-                time.sleep(POLL_S)
+                time.sleep(max(POLL_S, POLL_SPREAD * (time.monotonic() - began)))
             stopped = watch.between()
             for run in watch.left:
                 failed = None if run.key in stopped else watch.failed_run_of(run.key)
