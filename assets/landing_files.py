@@ -79,8 +79,9 @@ def latest_versions(instance: dg.DagsterInstance, keys: Iterable[str]) -> dict[s
     asked = sorted({str(k) for k in keys})
     found: dict[str, str] = {}
     for start in range(0, len(asked), CHUNK):
-        wanted = set(asked[start:start + CHUNK])
-        flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=sorted(wanted))
+        part = asked[start:start + CHUNK]
+        wanted = set(part)
+        flt = dg.AssetRecordsFilter(asset_key=LANDING_KEY, asset_partitions=part)
         cursor, got = None, 0
         while True:
             page = instance.fetch_observations(flt, limit=max(PAGE, 2 * len(wanted)), cursor=cursor)
