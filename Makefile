@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 PIP_VERSION := 26.3
 
-.PHONY: demo test test-all test-durations e2e lint bench ui clean browser broker lock bytecode
+.PHONY: demo test test-all e2e lint bench ui clean browser broker lock bytecode
 
 # The environment is requirements.lock, exactly (every package pinned, every file's hash checked),
 # then the project itself without dependencies: a new checkout gets the set the tests ran on.
@@ -43,23 +43,17 @@ broker:
 	@bash tests/ensure_redis.sh
 
 # Two pytest-xdist workers a core: the suite's processes wait on Dagster's daemon, its runs and
-# PostgreSQL about as much as they compute, so two a core keep the cores busy. The tests are
-# collected longest first, as tests/durations.json last measured them (tests/conftest.py), and each
-# worker takes the next one when it is done with one (--dist load --maxschedchunk 1), so the long
-# end-to-end tests start at once, spread over the workers, and only short ones are left for the end.
+# PostgreSQL about as much as they compute, so two a core keep the cores busy. The long end-to-end
+# tests are collected first (tests/conftest.py) and a worker that runs out of tests takes half of
+# what waits for another (worksteal), so no long test waits at the end behind another.
 # At most 8: each end-to-end test runs a daemon, a code server and runs of its own.
 # The tests start an embedded PostgreSQL; set STORMLAKE_TEST_PG_DSN to use a server of yours.
 TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc 2>/dev/null || echo 1) )); echo $$(( n > 8 ? 8 : n )))
-XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 test: $(STAMP) bytecode browser broker
-	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-all: $(STAMP) bytecode browser broker
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
-
-# The whole suite, slow tests included, writing each test's seconds to tests/durations.json.
-test-durations: $(STAMP) bytecode browser broker
-	$(BIN)/python -m pytest $(XDIST) --store-durations $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline assets resources tests

@@ -3,7 +3,6 @@ started for the session), a fresh database per test, and isolated STORMLAKE_HOME
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -20,55 +19,12 @@ from resources.pgserver import with_database
 REPO = Path(__file__).resolve().parents[1]
 
 
-#: Each test's last measured seconds (setup, call and teardown), written by ``make test-durations``.
-DURATIONS = Path(__file__).with_name("durations.json")
-#: The guess for a test not measured yet: an end-to-end test runs real processes.
-UNMEASURED_S = {"e2e": 30.0, "other": 0.0}
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--store-durations", action="store_true",
-                     help=f"write each test's seconds to {DURATIONS.name}, which orders the next runs, longest first")
-
-
-def _measured() -> dict[str, float]:
-    try:
-        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first, as last measured. pytest-xdist's workers then take the tests in that order
-    (``--dist load --maxschedchunk 1``), so the long end-to-end tests spread over the workers from
-    the start and only short ones are left for the end, rather than a long test starting last
-    while the other workers are done."""
-    measured = _measured()
-
-    def seconds(item: pytest.Item) -> float:
-        return measured.get(item.nodeid, UNMEASURED_S["e2e" if item.get_closest_marker("e2e") else "other"])
-
-    items.sort(key=seconds, reverse=True)
-
-
-class _Durations:
-    """Sums each test's setup, call and teardown as the reports come in (in the controlling process
-    under pytest-xdist) and writes them at the end of the session, merged into what was there."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
-
-    def pytest_sessionfinish(self) -> None:
-        merged = {**_measured(), **{k: round(v, 1) for k, v in self.seconds.items()}}
-        DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(_Durations(), "stormlake-durations")
+    """The end-to-end tests first, each group in its usual order. They are the long ones (real
+    processes, kills, the daemon): started first, they spread over pytest-xdist's workers, and the
+    many short tests fill in after them, rather than one long test starting last on one worker
+    while the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
 @pytest.fixture(scope="session")
