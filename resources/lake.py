@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
@@ -283,6 +284,8 @@ class Lake:
         # moved forward by reading only the commits since; a remote table keeps a log handle.
         self._counts: dict[str, _FileRows] = {}
         self._count_handles: dict[str, DeltaTable] = {}
+        # The table's rows at each version this process committed, summed when it committed.
+        self._totals: dict[tuple[str, int], int] = {}
         # One handle per table for writes, moved to the latest version before each (see _latest).
         self._write_handles: dict[str, DeltaTable] = {}
 
@@ -559,6 +562,7 @@ class Lake:
             # commits if anything disagrees. (``history(1)`` lists the log as it is now, so another
             # writer's newer commit can stand there: it is not used on a local lake.)
             confirmed = self._confirm(table, dt, [(apps[i], writes[i].seq) for i in todo])
+            self._remember_total(uri, dt)
             for i, (version, commit) in zip(todo, confirmed, strict=True):
                 if version is None:
                     raise LakeError(f"{_what(table, [writes[i]])}: commit of seq {writes[i].seq} not found"
@@ -601,6 +605,9 @@ class Lake:
         follow (an add without statistics, deletion vectors) counts from the snapshot.
         """
         uri = self.uri(table)
+        total = self._totals.get((uri, version))
+        if total is not None:
+            return total
         try:
             if "://" not in uri:
                 counted = self._counts.get(uri)
@@ -615,6 +622,18 @@ class Lake:
             self._counts.pop(uri, None)
             self._count_handles.pop(uri, None)
             return None
+
+    def _remember_total(self, uri: str, dt: DeltaTable) -> None:
+        """The table's rows at the version ``dt`` has just committed, summed from its add actions
+        while the write handle stands there: a range run's materializations ask for each
+        partition's version after the handle has moved on, and loading the table at that version
+        again costs a snapshot of every file of the table."""
+        try:
+            counts = pa.table(dt.get_add_actions(flatten=True)).column("num_records")
+        except (DeltaError, KeyError, OSError):
+            return
+        if not counts.null_count:
+            self._totals[(uri, dt.version())] = int(pc.sum(counts).as_py() or 0)
 
     def _snapshot_counts(self, uri: str, version: int) -> dict[str, int]:
         """Rows of each live data file of the table at ``version``, from its snapshot's add actions:

@@ -220,6 +220,23 @@ def test_the_row_count_follows_the_log_and_equals_the_tables_rows_at_every_versi
     assert fresh.row_count("weather_raw", versions[2]) == 5 + 7 + 50
 
 
+def test_a_version_this_process_committed_is_counted_without_loading_the_table(lk: Lake) -> None:
+    """The rows at a version this process committed are summed as it commits, another writer's
+    commits before it included: asked after the write handle has moved on (a range run's
+    materializations), the count loads no snapshot and follows no log."""
+    def write(writer: Lake, region: str, n: int, seq: int) -> int:
+        data = _rows(region, "2026-09-01", n, 1.0)
+        return writer.overwrite_partition("weather_raw", region, "2026-09-01", data, seq=seq, first_seq=seq).version
+
+    other = Lake(lk.root, SCHEMAS, partition_by=PARTITION_COLUMNS, cache=PartitionCache())
+    mine = [write(lk, "gulf_coast", 9, 1), write(lk, "pine_belt", 4, 2)]
+    write(other, "red_hills", 7, 3)
+    mine.append(write(lk, "gulf_coast", 5, 4))
+    assert [lk.row_count("weather_raw", v) for v in mine] == [9, 13, 5 + 4 + 7]
+    assert not lk._count_handles and not lk._counts  # noqa: SLF001 - nothing loaded or followed to count
+    assert [lk.row_count("weather_raw", v) for v in mine] == [_snapshot_rows(lk, "weather_raw", v) for v in mine]
+
+
 def test_a_commit_without_file_statistics_gives_no_row_count(lk: Lake) -> None:
     """An add action without ``numRecords`` (another writer that keeps no statistics) leaves the
     count unknown, as counting only the other files would give a short one."""
