@@ -598,11 +598,13 @@ class Lake:
         """Total rows of ``table`` at ``version``, from the Delta log; None when the log does not tell.
 
         Every data file's record count is in its add action (written with the file's statistics),
-        so no data is read. On a local lake the rows of each live file are kept per table and
-        moved forward by reading only the commits after the version last counted (a commit's
-        JSON); loading a snapshot at each version instead costs far more, growing with the log,
-        for each of a phase's tables and partitions. An earlier version, a remote lake, or a commit this does not
-        follow (an add without statistics, deletion vectors) counts from the snapshot.
+        so no data is read. A version this process committed was summed as it committed
+        (:meth:`_remember_total`). Otherwise, on a local lake, the rows of each live file are
+        kept per table and moved forward by reading only the commits after the version last
+        counted (a commit's JSON); loading a snapshot at each version instead costs far more,
+        growing with the log, for each of a phase's tables and partitions. An earlier version, a
+        remote lake, or a commit this does not follow (an add without statistics, deletion
+        vectors) counts from the snapshot.
         """
         uri = self.uri(table)
         total = self._totals.get((uri, version))
@@ -636,23 +638,16 @@ class Lake:
             self._totals[(uri, dt.version())] = int(pc.sum(counts).as_py() or 0)
 
     def _snapshot_counts(self, uri: str, version: int) -> dict[str, int]:
-        """Rows of each live data file of the table at ``version``, from its snapshot's add actions:
-        the write handle's when it stands at that version (a run of one partition counts the
-        version it has just written without loading the table again).
+        """Rows of each live data file of the table at ``version``, from its snapshot's add actions.
 
         Raises:
             _Uncounted: a file was written without statistics (the count would be short).
         """
-        written = self._write_handles.get(uri)
-        if written is not None and written.version() == version:  # this process's own last commit
-            dt = written
-        else:
-            dt = self._count_handles.get(uri)
-            if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
-                dt = self._count_handles[uri] = DeltaTable(uri, version=version,
-                                                                      storage_options=self.storage_options)
-            elif dt.version() < version:
-                dt.load_as_version(version)
+        dt = self._count_handles.get(uri)
+        if dt is None or dt.version() > version:  # an earlier version (a skip): a fresh handle
+            dt = self._count_handles[uri] = DeltaTable(uri, version=version, storage_options=self.storage_options)
+        elif dt.version() < version:
+            dt.load_as_version(version)
         actions = pa.table(dt.get_add_actions(flatten=True))
         counts = actions.column("num_records")
         if counts.null_count:
