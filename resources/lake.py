@@ -631,11 +631,10 @@ class Lake:
         partition's version after the handle has moved on, and loading the table at that version
         again costs a snapshot of every file of the table."""
         try:
-            counts = pa.table(dt.get_add_actions(flatten=True)).column("num_records")
-        except (DeltaError, KeyError, OSError):
+            counts = _live_files(dt, uri).column("num_records")
+        except (_Uncounted, DeltaError, KeyError, OSError):
             return
-        if not counts.null_count:
-            self._totals[(uri, dt.version())] = int(pc.sum(counts).as_py() or 0)
+        self._totals[(uri, dt.version())] = int(pc.sum(counts).as_py() or 0)
 
     def _snapshot_counts(self, uri: str, version: int) -> dict[str, int]:
         """Rows of each live data file of the table at ``version``, from its snapshot's add actions.
@@ -648,15 +647,25 @@ class Lake:
             dt = self._count_handles[uri] = DeltaTable(uri, version=version, storage_options=self.storage_options)
         elif dt.version() < version:
             dt.load_as_version(version)
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        counts = actions.column("num_records")
-        if counts.null_count:
-            raise _Uncounted(uri)
-        return {_log_path(p): int(n) for p, n in zip(actions.column("path").to_pylist(), counts.to_pylist(), strict=True)}
+        actions = _live_files(dt, uri)
+        return {_log_path(p): int(n) for p, n in zip(actions.column("path").to_pylist(),
+                                                     actions.column("num_records").to_pylist(), strict=True)}
 
 
 class _Uncounted(Exception):  # noqa: N818 - internal signal, never raised to a caller
     """A table version whose row count the log does not give."""
+
+
+def _live_files(dt: DeltaTable, uri: str) -> pa.Table:
+    """The add actions of ``dt``'s snapshot (``path``, ``num_records``, ...).
+
+    Raises:
+        _Uncounted: a file was written without statistics (a count would be short).
+    """
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.column("num_records").null_count:
+        raise _Uncounted(uri)
+    return actions
 
 
 def _has_commits_after(uri: str, version: int) -> bool:

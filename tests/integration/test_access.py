@@ -325,11 +325,10 @@ def _transports(admin_dsn: str) -> dict[str, dict[str, str]]:
 
 
 def _transport_names() -> list[str]:
-    """The ways the test server has: the embedded server a socket and TCP; a server at
-    ``STORMLAKE_TEST_PG_DSN`` a socket only when its DSN names a socket folder."""
+    """The ways the test server has (:func:`_transports`): the embedded server a socket and TCP; a
+    server at ``STORMLAKE_TEST_PG_DSN`` a socket only when its DSN names a socket folder."""
     external = os.environ.get("STORMLAKE_TEST_PG_DSN")
-    host = str(psycopg.conninfo.conninfo_to_dict(external).get("host") or "") if external else "/"
-    return (["socket"] if host.startswith("/") else []) + ["tcp"]
+    return sorted(_transports(external)) if external else ["socket", "tcp"]
 
 
 @pytest.fixture(params=_transport_names())
