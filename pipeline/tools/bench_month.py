@@ -28,8 +28,8 @@ The figures are printed against :data:`TARGETS` (exit 1 when one is not met); a 
 size (50 regions x 30 days x 500 rows, or ``--year``) is recorded as
 ``docs/bench/<date>-month.json`` (``-year``) and ``docs/BENCHMARKS.md`` is rendered anew
 (:mod:`pipeline.tools.bench_table`). ``--year`` is the same code over 365 days, from the CLI
-only. Progress goes to stderr while the backfills run; their own output goes to ``cli.log`` and
-``ui.log`` in the bench folder.
+(``--sides ui``: from the UI, recorded as ``<date>-year-ui.json``). Progress goes to stderr
+while the backfills run; their own output goes to ``cli.log`` and ``ui.log`` in the bench folder.
 """
 
 from __future__ import annotations
@@ -279,9 +279,12 @@ def entry(result: dict[str, Any], *, date: str, commit: str, host: str) -> dict[
     """``result`` as a ``docs/bench`` entry (:mod:`pipeline.tools.bench_table`), its tenths kept."""
     c = result["config"]
     year = c["days"] >= 365
+    sides = list(result["sides"])
     command = "stormlake bench " + ("--year" if year else "--month")
-    return {"title": (f"A year of {c['regions']} regions from the CLI" if year else
-                      f"A month of {c['regions']} regions from the CLI and the UI") + ", from fresh homes",
+    if sides != (["cli"] if year else ["cli", "ui"]):
+        command += " --sides " + ",".join(sides)
+    froms = " and the ".join(s.upper() for s in sides)
+    return {"title": f"A {'year' if year else 'month'} of {c['regions']} regions from the {froms}, from fresh homes",
             "command": command, "date": date, "commit": commit, "host": host,
             "source": f"{c['partitions']:,} partitions of {c['rows_per_partition']:,} rows",
             "figures": result["figures"],
@@ -292,7 +295,10 @@ def record(result: dict[str, Any], bench_dir: Path, page: Path, *, date: str, co
     """Write ``result`` into ``bench_dir`` as ``<date>-month.json`` (``-year``) and render ``page``."""
     from pipeline.tools import bench_table
 
+    sides = list(result["sides"])
     kind = "year" if result["config"]["days"] >= 365 else "month"
+    if kind == "year" and sides != ["cli"]:  # the CLI's year of the same day keeps its file
+        kind += "-" + "-".join(sides)
     path = bench_dir / f"{date}-{kind}.json"
     path.write_text(json.dumps(entry(result, date=date, commit=commit, host=host), indent=1) + "\n", encoding="utf-8")
     bench_table.main([str(page)])
@@ -459,10 +465,10 @@ def run_month_bench(args: argparse.Namespace, settings, *, year: bool = False) -
     result = measure_month(args, settings, year=year)
     print(json.dumps({"month": result}, indent=2) if args.json else render(result), flush=True)
     size = YEAR if year else MONTH
-    if all(result["config"][k] == v for k, v in size.items()) and len(result["sides"]) == (1 if year else 2):
+    if all(result["config"][k] == v for k, v in size.items()) and (year or len(result["sides"]) == 2):
         path = record(result, REPO / "docs" / "bench", REPO / "docs" / "BENCHMARKS.md",
                       date=dt.datetime.now(dt.UTC).date().isoformat(), commit=_commit(), host=_host())
         _say(f"recorded in {path.relative_to(REPO)}; docs/BENCHMARKS.md rendered anew")
     else:
-        _say("not recorded: only the full size, both sides (the CLI for --year), is a result of record")
+        _say("not recorded: only the full size (and both sides for --month) is a result of record")
     return 0 if all(r["met"] for r in result["figures"]) else 1

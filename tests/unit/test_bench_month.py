@@ -113,6 +113,16 @@ def test_the_figures_pass_and_fail_against_the_targets_and_the_page_renders_them
     assert "| tenth | CLI s/partition | UI s/partition |" in page_text
     assert bench_table.main(["--check", str(page)]) == 0
 
+    # a year from the UI is recorded beside the CLI's year of the same day, and says which side it is
+    year = {"config": {**config, "days": 365}, "sides": {"ui": ui}, "figures": list(rows.values())[3:6]}
+    cli_year = tmp_path / "bench" / "2026-12-06-year.json"
+    cli_year.write_text(json.dumps({**saved, "title": "the CLI's year"}), encoding="utf-8")
+    path = month.record(year, tmp_path / "bench", page, date="2026-12-06", commit="abc1234", host="h")
+    assert path.name == "2026-12-06-year-ui.json"
+    assert json.loads(cli_year.read_text(encoding="utf-8"))["title"] == "the CLI's year"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["command"] == "stormlake bench --year --sides ui" and saved["title"].startswith("A year of 10 regions from the UI")
+
 
 def test_the_ledger_gives_every_completed_head_s_span_in_order_of_commit(ledger: Ledger) -> None:
     args = dict(region_id="gulf_coast", day="2026-09-01", input_hash="h1", schema_version=1, code_version="1",
