@@ -47,8 +47,10 @@ from resources.pgserver import hold_advisory_lock, with_database
 from resources.settings import Settings
 
 DEQUEUE_INTERVAL_S = 1
-#: How often run monitoring looks for runs whose worker died (Dagster's default: 120 s); with the
-#: outbox sensor's interval it bounds how long a partition stopped by a dead run waits.
+#: How often run monitoring looks at started runs (Dagster's default: 120 s). With a launcher that
+#: checks a run's worker (``K8sRunLauncher``) it bounds, with the outbox sensor's interval, how
+#: long a partition stopped by a dead run waits; the default launcher's code server fails such a
+#: run at once.
 RUN_MONITORING_POLL_S = 30
 #: How long a launched run may take to start before run monitoring fails it (Dagster's default):
 #: a run whose worker died with the database before it started holds a slot of the queue that long.

@@ -48,9 +48,11 @@
 runs an operator launches by hand; the UI's toggle (Automation) or ``dagster sensor start|stop
 landing_sensor`` overrides the default either way. ``outbox_sensor`` is RUNNING by default too:
 it only finishes work already started, so a partition whose run died between phases continues
-without a person once the daemon runs. Run monitoring marks such a run failed within its poll
-interval (:data:`pipeline.instance.RUN_MONITORING_POLL_S`), and the sensor's next tick, at most
-:data:`SENSOR_INTERVAL_S` later, requests the phases after the last completed one.
+without a person once the daemon runs. The code server that started the run (Dagster's default
+run launcher) marks it failed as soon as its process is gone, and the sensor's next tick, at most
+:data:`SENSOR_INTERVAL_S` later, requests the phases after the last completed one. With a
+launcher whose runs are not children of the code server (``K8sRunLauncher``), run monitoring
+finds the dead worker instead, within :data:`pipeline.instance.RUN_MONITORING_POLL_S`.
 """
 
 from __future__ import annotations

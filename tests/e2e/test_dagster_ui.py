@@ -743,10 +743,10 @@ def worker_dies_after_ingest(sl_env: dict[str, str], monkeypatch: pytest.MonkeyP
 
 def test_a_partition_whose_run_died_between_phases_is_continued_without_anyone(
         worker_dies_after_ingest: str, dagster_dev: Dagster) -> None:
-    """A run of one partition dies after ingest. Nobody touches anything: run monitoring finds its
-    worker gone and fails the run, and the outbox sensor, running by default, continues the
-    partition after ingest. Run retries are off for the run (its tag), so the continuation is
-    the sensor's; ingest is not computed again."""
+    """A run of one partition dies after ingest. Nobody touches anything: the code server that
+    started it finds its process gone and fails the run, and the outbox sensor, running by
+    default, continues the partition after ingest. Run retries are off for the run (its tag), so
+    the continuation is the sensor's; ingest is not computed again."""
     d = dagster_dev
     key = worker_dies_after_ingest
     location, repo = _location(d)
@@ -757,6 +757,10 @@ def test_a_partition_whose_run_died_between_phases_is_continued_without_anyone(
     assert res["__typename"] == "LaunchRunSuccess", res
     (dead,) = _wait_runs_tagged(d, "stormlake/launched_by", "e2e_dies_after_ingest", 1)
     assert dead["status"] == "FAILURE", (dead, d.tail())
+    with dg.DagsterInstance.from_config(d.env["DAGSTER_HOME"]) as instance:
+        said = [e.dagster_event.message or "" for e in instance.all_logs(dead["id"], of_type=dg.DagsterEventType.ENGINE_EVENT)]
+    # the code server's word (Dagster's default launcher), not run monitoring's
+    assert f"[DagsterApiServer] Run execution process for {dead['id']} unexpectedly exited with code 137." in said, said
     (run,) = _wait_runs_tagged(d, "stormlake/launched_by", "outbox_sensor", 1)
     assert run["status"] == "SUCCESS", d.tail()
     assert _run_keys(run) == [key] and _tag(run, "stormlake/resume_after") == "ingest", run["tags"]
