@@ -58,6 +58,11 @@ PROGRESS_EVERY_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
 
 
+def default_sides(year: bool) -> list[str]:
+    """The sides run without ``--sides``: both for a month, the CLI for a year."""
+    return ["cli"] if year else ["cli", "ui"]
+
+
 def first_day(configured: str, days: int, today: dt.date) -> dt.date:
     """The first of ``days`` days to generate: the configured first day, or earlier, so that the
     last is no later than yesterday (a day after today is no partition yet).
@@ -281,7 +286,7 @@ def entry(result: dict[str, Any], *, date: str, commit: str, host: str) -> dict[
     year = c["days"] >= 365
     sides = list(result["sides"])
     command = "stormlake bench " + ("--year" if year else "--month")
-    if sides != (["cli"] if year else ["cli", "ui"]):
+    if sides != default_sides(year):
         command += " --sides " + ",".join(sides)
     froms = " and the ".join(s.upper() for s in sides)
     return {"title": f"A {'year' if year else 'month'} of {c['regions']} regions from the {froms}, from fresh homes",
@@ -297,7 +302,7 @@ def record(result: dict[str, Any], bench_dir: Path, page: Path, *, date: str, co
 
     sides = list(result["sides"])
     kind = "year" if result["config"]["days"] >= 365 else "month"
-    if kind == "year" and sides != ["cli"]:  # the CLI's year of the same day keeps its file
+    if kind == "year" and sides != default_sides(True):  # the CLI's year of the same day keeps its file
         kind += "-" + "-".join(sides)
     path = bench_dir / f"{date}-{kind}.json"
     path.write_text(json.dumps(entry(result, date=date, commit=commit, host=host), indent=1) + "\n", encoding="utf-8")
@@ -412,7 +417,7 @@ def measure_month(args: argparse.Namespace, settings, *, year: bool = False) -> 
 
         raise ConfigError(f"--regions {size['regions']} x --days {size['days']}: the tenths need at least "
                           f"{TENTHS} partitions")
-    sides = [s.strip() for s in (args.sides or ("cli" if year else "cli,ui")).split(",") if s.strip()]
+    sides = [s.strip() for s in (args.sides or ",".join(default_sides(year))).split(",") if s.strip()]
     phases = [p.name for p in PHASES]
     root = settings.home / "bench" / ("year" if year else "month")
     shutil.rmtree(root, ignore_errors=True)
