@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 
 from assets.checks import Check
@@ -26,6 +25,8 @@ from resources.publisher import Artifact
 from resources.settings import Region
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from assets.runner import PhaseRunner
     from resources.landing import Landing
     from resources.ledger import Checkpoint, Claim, Ledger

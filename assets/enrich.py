@@ -12,12 +12,12 @@ from assets.context import PhaseContext, PhaseOutput
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import ENRICH
 from assets.schemas import OUTAGES_ENRICHED
-from assets.transforms.enrich import enrich_partition
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
+    from assets.transforms.enrich import enrich_partition
     part = ctx.partition
     t = ctx.read_inputs()
     outages = t["outages_raw"]
@@ -50,5 +50,6 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def enriched_outages(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                      landing: LandingResource, publisher: PublisherResource):
     """Outages on the H3 resolution-7 grid with the cell's customers, feeder, terrain and weather."""
+    import assets.transforms.enrich  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, ENRICH, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

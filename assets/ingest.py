@@ -12,12 +12,12 @@ from assets.context import PhaseContext, PhaseOutput
 from assets.landing_files import landing_files
 from assets.materialize import asset_options, materialize_phase
 from assets.phases import INGEST
-from assets.transforms.ingest import ingest_partition
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.ledger_resource import LedgerResource
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
+    from assets.transforms.ingest import ingest_partition
     part = ctx.partition
     result = ingest_partition(ctx.landing.storage, part.region, part.day, known_regions=ctx.known_regions)
     ctx.fault_point()
@@ -55,5 +55,6 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""
+    import assets.transforms.ingest  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, INGEST, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

@@ -14,7 +14,6 @@ from assets.materialize import TABLE_KINDS, asset_options, materialize_phase
 from assets.phases import PRESENT
 from assets.quality import Measures, Quality, grade_signal
 from assets.schemas import REGION_DAY_SUMMARY
-from assets.transforms.present import render_artifacts, summarize
 from resources.dagster_resources import LakeResource, LandingResource, PublisherResource
 from resources.landing_layout import PARTITION_FILES, partition_file
 from resources.ledger_resource import LedgerResource
@@ -22,6 +21,7 @@ from resources.publisher import Artifact
 
 
 def compute(ctx: PhaseContext) -> PhaseOutput:
+    from assets.transforms.present import render_artifacts, summarize
     part = ctx.partition
     t = ctx.read_inputs()
     enriched, cell_hour, cell_risk, clusters = (t["outages_enriched"], t["cell_hour_stats"], t["cell_risk"],
@@ -97,5 +97,6 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                         landing: LandingResource, publisher: PublisherResource):
     """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""
+    import assets.transforms.present  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, PRESENT, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

@@ -29,7 +29,6 @@ from typing import ClassVar, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -430,6 +429,8 @@ class Lake:
         if "://" not in uri and _plain(dt):
             paths = dt.file_uris(file_pruning_predicate=[("region_id", "=", region_id), ("day", "=", day)])
             return _read_files(paths, region_id, day, schema, threads=threads)
+        import pyarrow.dataset as pads  # it imports pandas, which a process that only loads the definitions never needs
+
         flt = (pads.field("region_id") == region_id) & (pads.field("day") == day)
         return dt.to_pyarrow_dataset().to_table(filter=flt, use_threads=False).cast(schema)
 

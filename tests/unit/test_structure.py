@@ -51,3 +51,18 @@ def test_the_phases_use_public_dagster_only() -> None:
     found = {name: sorted(m for m in _imports(p) if m.startswith(COMPAT)) for name, p in modules.items()}
     assert not {p: m for p, m in found.items() if m and p not in NOT_A_PHASE}
     assert all(found[name] for name in NOT_A_PHASE), "no exception is needed any more"
+
+
+def test_loading_the_definitions_leaves_the_transforms_libraries_to_the_steps() -> None:
+    """A code server, the CLI's backfill and ``dagster asset materialize`` load the definitions
+    without running a phase: pandas, h3 and the transforms wait for a step (each phase's asset
+    imports its transform before its first claim)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pipeline.definitions;"
+            " print(sorted(m for m in ('pandas', 'h3', 'matplotlib', 'assets.transforms.ingest',"
+            " 'assets.transforms.enrich', 'assets.transforms.correlate', 'assets.transforms.present')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
