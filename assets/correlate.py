@@ -59,6 +59,5 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def storm_correlation(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                       landing: LandingResource, publisher: PublisherResource):
     """Outages against gust and rain per cell-hour, a risk figure per cell, and damage clusters."""
-    import assets.transforms.correlate  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, CORRELATE, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

@@ -50,6 +50,5 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def enriched_outages(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                      landing: LandingResource, publisher: PublisherResource):
     """Outages on the H3 resolution-7 grid with the cell's customers, feeder, terrain and weather."""
-    import assets.transforms.enrich  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, ENRICH, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

@@ -55,6 +55,5 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def ingested_batch(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                    landing: LandingResource, publisher: PublisherResource):
     """The batch's landing files validated into Delta tables (outages, weather, reference), bad rows quarantined."""
-    import assets.transforms.ingest  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, INGEST, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)

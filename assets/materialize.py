@@ -22,6 +22,7 @@ continues the good partitions from the next phase once the run is over
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,8 @@ def materialize_phase(context: dg.AssetExecutionContext, phase: Phase, compute: 
         yield from _not_landed(context, phase)
         return
     to_run = [k for k in keys if k not in absent]
+    # The phase's transform (and pandas) loads here, not with the definitions, and before the first claim.
+    importlib.import_module(f"assets.transforms.{phase.name}")
     runner, outcomes, failures = _run_step(context, phase, compute, grader, to_run, ledger=ledger, lake=lake,
                                            landing=landing, publisher=publisher)
     if failures and not outcomes and not absent and all(isinstance(exc, DeadLettered) for _, exc in failures):

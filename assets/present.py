@@ -97,6 +97,5 @@ def grade(ctx: PhaseContext, out: PhaseOutput) -> Iterator[Check]:
 def operational_picture(context: AssetExecutionContext, ledger: LedgerResource, lake: LakeResource,
                         landing: LandingResource, publisher: PublisherResource):
     """The region-day's summary, cluster GeoJSON and illustrated report, delivered once to every target."""
-    import assets.transforms.present  # noqa: F401  (pandas and the transform, before the first claim)
     yield from materialize_phase(context, PRESENT, compute, grade, ledger=ledger, lake=lake, landing=landing,
                                  publisher=publisher)
